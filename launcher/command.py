@@ -1,0 +1,68 @@
+"""What each rank runs: ``LaunchSpec`` values (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from launcher.hosts import Host
+from launcher.plan import Plan, Rank
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a transport needs to start one rank."""
+
+    rank: int
+    host: Host
+    local_rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]  # set on top of the host's environment
+    cwd: str | None = None
+    env_unset: tuple[str, ...] = ()  # removed from the host's environment
+    role: str = "worker"
+    gpus: tuple[str, ...] | None = None
+    node_rank: int = 0
+
+
+def build_launch_specs(
+    plan: Plan,
+    argv: Sequence[str],
+    make_env: Callable[[Rank], Mapping[str, str]],
+    cwd: str | None = None,
+    env_unset: Sequence[str] = (),
+) -> list[LaunchSpec]:
+    """One spec per rank of ``plan``, every rank running ``argv``."""
+    return [
+        LaunchSpec(
+            rank=r.rank,
+            host=r.host,
+            local_rank=r.local_rank,
+            argv=tuple(argv),
+            env=make_env(r),
+            cwd=cwd,
+            env_unset=tuple(env_unset),
+            gpus=r.gpus,
+            node_rank=r.node_rank,
+        )
+        for r in plan.ranks
+    ]
+
+
+def describe_specs(specs: Sequence[LaunchSpec]) -> list[dict[str, object]]:
+    """The plan as plain values for ``--dry-run`` (text or JSON)."""
+    return [
+        {
+            "rank": s.rank,
+            "host": s.host.ssh_target,
+            "local_rank": s.local_rank,
+            "node_rank": s.node_rank,
+            "role": s.role,
+            "gpus": list(s.gpus) if s.gpus is not None else None,
+            "argv": list(s.argv),
+            "env": dict(s.env),
+            "env_unset": list(s.env_unset),
+            "cwd": s.cwd,
+        }
+        for s in specs
+    ]

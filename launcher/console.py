@@ -1,0 +1,215 @@
+"""Everything dtrain shows (the view layer): tagged lines, plans, hosts, the failure report.
+
+Rank output is written as plain text with a tag per line; on a terminal the
+tag is coloured per rank (rich computes the escape codes once per rank, so
+the hot path stays string joins).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TextIO
+
+from launcher.command import LaunchSpec
+from launcher.errors import LauncherError, UsageError
+from launcher.hosts import Host
+from launcher.policy import describe_status
+from launcher.supervisor import JobResult
+from launcher.transport.base import Stream
+
+DEFAULT_TAG = "[{rank}]"
+TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "time")
+RANK_COLORS = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta",
+               "bright_green", "bright_yellow", "bright_blue")
+STDERR_MARK = "<stderr>"
+
+
+def check_tag_format(tag_format: str) -> None:
+    """Reject a ``--tag-format`` with unknown fields before anything starts."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(tag_format) if f is not None]
+    except ValueError as exc:
+        raise UsageError(f"--tag-format {tag_format!r}: {exc}", "write e.g. '[{rank}@{host}]'") from exc
+    unknown = [f for f in fields if f not in TAG_FIELDS]
+    if unknown:
+        raise UsageError(
+            f"--tag-format {tag_format!r}: unknown field {{{unknown[0]}}}",
+            "fields are " + ", ".join("{" + f + "}" for f in TAG_FIELDS),
+        )
+
+
+class LineView:
+    """The ``OutputSink`` for a terminal or a pipe: one tagged line per rank line."""
+
+    def __init__(
+        self,
+        out: TextIO,
+        err: TextIO,
+        *,
+        tag_format: str = DEFAULT_TAG,
+        color: bool = False,
+        color_system: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.files: dict[Stream, TextIO] = {"stdout": out, "stderr": err}
+        self.tag_format = tag_format
+        self.timed = "{time" in tag_format
+        self.color = color
+        self.color_system = color_system
+        self.clock = clock
+        self.prefixes: dict[tuple[int, Stream], str] = {}
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        text = b"\n".join(lines).decode("utf-8", "replace").split("\n")
+        if len(text) != len(lines):  # a decoded replacement never adds "\n": defensive only
+            text = [line.decode("utf-8", "replace") for line in lines]
+        prefix = self.prefix(spec, stream)
+        file = self.files[stream]
+        file.write("".join([prefix + line + "\n" for line in text]))
+        file.flush()
+
+    def prefix(self, spec: LaunchSpec, stream: Stream) -> str:
+        key = (spec.rank, stream)
+        cached = self.prefixes.get(key)
+        if cached is not None:
+            return cached
+        tag = self.tag_format.format(
+            rank=spec.rank,
+            host=spec.host.name,
+            local_rank=spec.local_rank,
+            node_rank=spec.node_rank,
+            role=spec.role,
+            time=time.strftime("%H:%M:%S", time.localtime(self.clock())),
+        )
+        mark = STDERR_MARK if stream == "stderr" else ""
+        if self.color:
+            tag = self.paint(tag, RANK_COLORS[spec.rank % len(RANK_COLORS)])
+            mark = self.paint(mark, "red") if mark else ""
+        prefix = f"{tag}{mark} "
+        if not self.timed:
+            self.prefixes[key] = prefix
+        return prefix
+
+    def paint(self, text: str, color: str) -> str:
+        from rich.style import Style
+
+        return Style(color=color).render(text, color_system=self.color_system_enum())
+
+    def color_system_enum(self):  # type: ignore[no-untyped-def]
+        from rich.color import ColorSystem
+
+        return {
+            "truecolor": ColorSystem.TRUECOLOR,
+            "256": ColorSystem.EIGHT_BIT,
+            "standard": ColorSystem.STANDARD,
+        }.get(self.color_system or "standard", ColorSystem.STANDARD)
+
+
+def make_line_view(out: TextIO, err: TextIO, tag_format: str, color: bool | None) -> LineView:
+    """A LineView coloured when ``out`` is a terminal (rich decides, honouring NO_COLOR)."""
+    from rich.console import Console
+
+    probe = Console(file=out, force_terminal=color, no_color=color is False)
+    use_color = probe.is_terminal and probe.color_system is not None and color is not False
+    return LineView(
+        out, err, tag_format=tag_format, color=use_color, color_system=probe.color_system
+    )
+
+
+def format_error(error: LauncherError) -> str:
+    line = f"dtrain: error: {error.message}"
+    if error.hint:
+        line += f" (hint: {error.hint})"
+    return " ".join(line.split("\n"))
+
+
+def format_failure(result: JobResult) -> list[str]:
+    """The summary after a failed or interrupted job (empty when it succeeded)."""
+    lines: list[str] = []
+    failure = result.failure
+    if failure is not None:
+        others = result.world_size - 1
+        lines.append(
+            f"dtrain: rank {failure.rank} on {failure.host} failed "
+            f"({describe_status(failure.status)}); "
+            f"stopped the other {others} rank{'s' if others != 1 else ''}; "
+            f"dtrain exits {result.exit_code}"
+        )
+        if failure.last_lines:
+            lines.append(f"dtrain: last {failure.stream} lines of rank {failure.rank}:")
+            lines.extend(f"    {line}" for line in failure.last_lines)
+    elif result.interrupt is not None:
+        import signal
+
+        lines.append(
+            f"dtrain: interrupted by {signal.Signals(result.interrupt).name}; "
+            f"stopped {result.world_size} rank{'s' if result.world_size != 1 else ''}; "
+            f"dtrain exits {result.exit_code}"
+        )
+    return lines
+
+
+def format_plan(entries: Sequence[Mapping[str, object]]) -> list[str]:
+    """``--dry-run`` as text: one block per rank with its command and environment."""
+    lines: list[str] = []
+    for entry in entries:
+        gpus = entry["gpus"]
+        gpu_text = ",".join(gpus) if isinstance(gpus, list) else "-"
+        lines.append(
+            f"rank {entry['rank']}  host {entry['host']}  local_rank {entry['local_rank']}  "
+            f"node_rank {entry['node_rank']}  gpus {gpu_text}"
+        )
+        argv = entry["argv"]
+        assert isinstance(argv, list)
+        lines.append("  argv: " + " ".join(shell_quote(a) for a in argv))
+        env = entry["env"]
+        assert isinstance(env, dict)
+        lines.extend(f"  env:  {k}={shell_quote(v)}" for k, v in env.items())
+    return lines
+
+
+def format_plan_json(entries: Sequence[Mapping[str, object]]) -> str:
+    return json.dumps(list(entries), indent=2)
+
+
+def format_hosts(hosts: Sequence[Host]) -> list[str]:
+    rows = [("host", "user", "slots", "max_slots", "gpus")]
+    for h in hosts:
+        rows.append(
+            (
+                h.name,
+                h.user or "-",
+                str(h.slots),
+                str(h.max_slots) if h.max_slots is not None else "-",
+                ",".join(h.gpus) if h.gpus is not None else "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.append(f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}, {sum(h.slots for h in hosts)} slots")
+    return lines
+
+
+def hosts_as_json(hosts: Sequence[Host]) -> str:
+    return json.dumps(
+        [
+            {
+                "host": h.name,
+                "user": h.user,
+                "slots": h.slots,
+                "max_slots": h.max_slots,
+                "gpus": list(h.gpus) if h.gpus is not None else None,
+            }
+            for h in hosts
+        ],
+        indent=2,
+    )
+
+
+def shell_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)

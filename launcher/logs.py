@@ -1,0 +1,82 @@
+"""Bytes -> whole lines (DESIGN.md rule 8), and the pump that feeds them on.
+
+A rank's stream arrives in arbitrary chunks; ``LineFramer`` cuts it into
+whole lines on ``\\n``, ``\\r\\n`` and bare ``\\r`` (progress bars), never
+tearing a line across chunks.  Bytes stay bytes here: decoding (with
+replacement of invalid UTF-8) happens where text is shown.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import BinaryIO
+
+LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+MAX_LINE_BYTES = 16 * 1024 * 1024  # a longer "line" is cut; 1 MB lines pass whole
+READ_BYTES = 256 * 1024
+
+
+class LineFramer:
+    """Incremental splitter: ``feed`` chunks, get back the lines they complete."""
+
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self.max_line_bytes = max_line_bytes
+        self.partial = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self.partial + data if self.partial else data
+        if not buf:
+            return []
+        # A trailing \r may be the first half of \r\n: keep it until the next chunk.
+        hold_cr = buf.endswith(b"\r")
+        if hold_cr:
+            buf = buf[:-1]
+        parts = LINE_BREAK.split(buf)
+        rest = parts.pop()
+        if len(rest) > self.max_line_bytes:
+            cut = len(rest) - len(rest) % self.max_line_bytes
+            parts.extend(
+                rest[i : i + self.max_line_bytes] for i in range(0, cut, self.max_line_bytes)
+            )
+            rest = rest[cut:]
+        self.partial = rest + b"\r" if hold_cr else rest
+        return parts
+
+    def finish(self) -> list[bytes]:
+        """Lines left at end of stream: a last line without newline still counts."""
+        rest, self.partial = self.partial, b""
+        if rest.endswith(b"\r"):
+            rest = rest[:-1]
+            return [rest]
+        return [rest] if rest else []
+
+
+LineSink = Callable[[list[bytes]], None]
+
+
+def pump_stream(
+    read: Callable[[int], bytes],
+    on_lines: LineSink,
+    raw_copy: BinaryIO | None = None,
+) -> None:
+    """Read until EOF, handing whole lines to ``on_lines``; a raw copy goes to ``raw_copy``."""
+    framer = LineFramer()
+    try:
+        while True:
+            chunk = read(READ_BYTES)
+            if not chunk:
+                break
+            if raw_copy is not None:
+                raw_copy.write(chunk)
+            lines = framer.feed(chunk)
+            if lines:
+                on_lines(lines)
+    except OSError:
+        pass  # the stream went away with its process: what was read is kept
+    finally:
+        tail = framer.finish()
+        if tail:
+            on_lines(tail)
+        if raw_copy is not None:
+            raw_copy.close()

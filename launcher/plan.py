@@ -1,0 +1,189 @@
+"""Rank placement: hosts + options -> ``Plan`` (pure: no I/O).
+
+Placement follows mpirun: by default ranks fill a host's slots before moving
+to the next host (``--map-by slot``); ``--map-by node`` deals them round-robin.
+``--nproc-per-node`` (torchrun style) puts the same number on every host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from launcher.errors import PlanError
+from launcher.hosts import Host
+
+MapBy = Literal["slot", "node"]
+
+
+@dataclass(frozen=True)
+class Rank:
+    """One process of the job and where it runs."""
+
+    rank: int
+    host: Host
+    local_rank: int
+    node_rank: int
+    local_world_size: int
+    world_size: int
+    gpus: tuple[str, ...] | None = None  # CUDA_VISIBLE_DEVICES, None: not bound
+
+
+@dataclass(frozen=True)
+class Plan:
+    """All ranks of a job, ordered by rank."""
+
+    ranks: tuple[Rank, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        """The hosts that received ranks, in node-rank order."""
+        seen: dict[int, Host] = {}
+        for rank in self.ranks:
+            seen.setdefault(rank.node_rank, rank.host)
+        return tuple(seen[i] for i in sorted(seen))
+
+
+def count_ranks_per_host(
+    hosts: Sequence[Host], np: int, oversubscribe: bool
+) -> list[int]:
+    """How many ranks each host takes: slots first, then extras round-robin."""
+    total_slots = sum(h.slots for h in hosts)
+    counts = [0] * len(hosts)
+    remaining = np
+    for i, host in enumerate(hosts):
+        counts[i] = min(host.slots, remaining)
+        remaining -= counts[i]
+    if remaining == 0:
+        return counts
+    if not oversubscribe:
+        raise PlanError(
+            f"-np {np} is more than the {total_slots} slots of "
+            + ", ".join(f"{h.name}:{h.slots}" for h in hosts),
+            "lower -np, add slots to the hosts, or pass --oversubscribe",
+        )
+    capacity = [h.max_slots if h.max_slots is not None else None for h in hosts]
+    while remaining:
+        placed = False
+        for i in range(len(hosts)):
+            cap = capacity[i]
+            if remaining and (cap is None or counts[i] < cap):
+                counts[i] += 1
+                remaining -= 1
+                placed = True
+        if not placed:
+            limit = sum(c for c in capacity if c is not None)
+            raise PlanError(
+                f"-np {np} is more than the {limit} max_slots of the hosts, "
+                "even with --oversubscribe",
+                "lower -np or raise max_slots in the hostfile",
+            )
+    return counts
+
+
+def plan_ranks(
+    hosts: Sequence[Host],
+    np: int | None = None,
+    *,
+    map_by: MapBy = "slot",
+    oversubscribe: bool = False,
+    nproc_per_node: int | None = None,
+) -> Plan:
+    """Place ``np`` ranks on ``hosts``; ``np=None`` means one per slot."""
+    if not hosts:
+        raise PlanError("no hosts to place ranks on", "pass -H HOST[:SLOTS] or --hostfile FILE")
+    if nproc_per_node is not None:
+        if np is not None:
+            raise PlanError(
+                "-np and --nproc-per-node both given",
+                "use one: -np N spreads N ranks over the slots, "
+                "--nproc-per-node K starts K on every host",
+            )
+        if nproc_per_node < 1:
+            raise PlanError(f"--nproc-per-node {nproc_per_node}: must be at least 1")
+        counts = [nproc_per_node] * len(hosts)
+    else:
+        if np is None:
+            np = sum(h.slots for h in hosts)
+        if np < 1:
+            raise PlanError(f"-np {np}: must be at least 1")
+        counts = count_ranks_per_host(hosts, np, oversubscribe)
+    order = (
+        assign_by_slot(counts) if map_by == "slot" else assign_by_node(counts)
+    )
+    used = [i for i, c in enumerate(counts) if c > 0]
+    node_rank_of = {host_index: n for n, host_index in enumerate(used)}
+    world_size = len(order)
+    local_seen = [0] * len(hosts)
+    ranks: list[Rank] = []
+    for rank, host_index in enumerate(order):
+        ranks.append(
+            Rank(
+                rank=rank,
+                host=hosts[host_index],
+                local_rank=local_seen[host_index],
+                node_rank=node_rank_of[host_index],
+                local_world_size=counts[host_index],
+                world_size=world_size,
+            )
+        )
+        local_seen[host_index] += 1
+    return Plan(tuple(ranks))
+
+
+def assign_by_slot(counts: Sequence[int]) -> list[int]:
+    """Host index of each rank when every host is filled before the next."""
+    return [i for i, c in enumerate(counts) for _ in range(c)]
+
+
+def assign_by_node(counts: Sequence[int]) -> list[int]:
+    """Host index of each rank when ranks are dealt round-robin over hosts."""
+    left = list(counts)
+    order: list[int] = []
+    while any(left):
+        for i, c in enumerate(left):
+            if c:
+                order.append(i)
+                left[i] -= 1
+    return order
+
+
+def bind_gpus(
+    plan: Plan,
+    inventory: Mapping[str, tuple[str, ...]],
+    gpus_per_rank: int | None = None,
+) -> Plan:
+    """Give each rank its GPUs: local rank i gets GPUs [i*K, (i+1)*K) of its host.
+
+    A host's GPUs are its hostfile ``gpus=`` if given, else ``inventory[name]``
+    (what nvidia-smi found there).  With no GPUs known and no
+    ``gpus_per_rank`` asked for, ranks are left unbound.
+    """
+    if gpus_per_rank is not None and gpus_per_rank < 1:
+        raise PlanError(f"--gpus-per-rank {gpus_per_rank}: must be at least 1")
+    bound: list[Rank] = []
+    for rank in plan.ranks:
+        host = rank.host
+        known = host.gpus if host.gpus is not None else inventory.get(host.name, ())
+        if not known and gpus_per_rank is None:
+            bound.append(rank)
+            continue
+        per_rank = gpus_per_rank or 1
+        needed = per_rank * rank.local_world_size
+        if not known:
+            # Asked for explicitly on a host whose GPUs we cannot see: trust the user.
+            known = tuple(str(i) for i in range(needed))
+        if needed > len(known):
+            raise PlanError(
+                f"host {host.name} has {len(known)} GPU(s) ({','.join(known)}) but its "
+                f"{rank.local_world_size} rank(s) need {per_rank} each",
+                "lower -np or --gpus-per-rank, or pass --no-gpu-binding to share GPUs",
+            )
+        start = rank.local_rank * per_rank
+        bound.append(replace(rank, gpus=tuple(known[start : start + per_rank])))
+    return Plan(tuple(bound))

@@ -1,0 +1,122 @@
+"""What to do when something happens to the job: ``decide(state, event)`` (pure).
+
+The supervisor feeds every event through ``decide`` and carries out the
+action it returns (DESIGN.md rule 3).  The rules:
+
+* all ranks exited 0 -> done, exit 0;
+* the first rank to exit non-zero (or die from a signal) fails the job: stop
+  the others and exit with its code (128 + N for signal N);
+* the first SIGINT/SIGTERM to dtrain stops the job gracefully, a second one
+  kills at once; the exit code is 128 + that signal.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class RankExited:
+    rank: int
+    status: int  # exit code, or -N for death by signal N
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    signum: int
+
+
+@dataclass(frozen=True)
+class GraceExpired:
+    pass
+
+
+Event = RankExited | Interrupted | GraceExpired
+
+
+@dataclass(frozen=True)
+class Continue:
+    pass
+
+
+@dataclass(frozen=True)
+class StopAll:
+    """SIGTERM every running rank; SIGKILL after the grace period."""
+
+
+@dataclass(frozen=True)
+class KillAll:
+    """SIGKILL every running rank now."""
+
+
+@dataclass(frozen=True)
+class Finish:
+    exit_code: int
+
+
+Action = Continue | StopAll | KillAll | Finish
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    status: int
+
+
+@dataclass(frozen=True)
+class JobState:
+    running: frozenset[int]
+    failure: Failure | None = None  # the first rank that failed
+    interrupt: int | None = None  # the signal that stopped dtrain
+    stopping: bool = False
+    killing: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.failure is not None:
+            return exit_code_of(self.failure.status)
+        if self.interrupt is not None:
+            return 128 + self.interrupt
+        return 0
+
+
+def exit_code_of(status: int) -> int:
+    """A wait status as a shell would report it: 128 + N for signal N."""
+    return 128 - status if status < 0 else status
+
+
+def describe_status(status: int) -> str:
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"killed by {name}"
+    return f"exit code {status}"
+
+
+def start_state(ranks: frozenset[int]) -> JobState:
+    return JobState(running=ranks)
+
+
+def decide(state: JobState, event: Event) -> tuple[JobState, Action]:
+    if isinstance(event, RankExited):
+        state = replace(state, running=state.running - {event.rank})
+        if event.status != 0 and state.failure is None and not state.stopping:
+            state = replace(state, failure=Failure(event.rank, event.status), stopping=True)
+            return state, (Finish(state.exit_code) if not state.running else StopAll())
+        if not state.running:
+            return state, Finish(state.exit_code)
+        return state, Continue()
+    if isinstance(event, Interrupted):
+        if state.stopping:
+            if state.killing:
+                return state, Continue()
+            return replace(state, killing=True), KillAll()
+        state = replace(state, interrupt=event.signum, stopping=True)
+        return state, (StopAll() if state.running else Finish(state.exit_code))
+    # GraceExpired
+    if state.running and not state.killing:
+        return replace(state, killing=True), KillAll()
+    return state, Continue()

@@ -1,0 +1,269 @@
+"""The only loop (DESIGN.md): start every rank, pump its output, apply the policy, tear down.
+
+Reader and waiter threads turn each rank's streams and exit into events on
+one queue; the loop in ``Supervisor.run`` (the main thread) takes them one by
+one, shows lines through the injected sink, feeds exits and signals to
+``policy.decide`` and carries out the action.  Teardown (SIGTERM to every
+process group, the grace period, then SIGKILL) runs from ``finally`` too, so
+no rank outlives the launcher whatever happened in between.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import BinaryIO, Protocol
+
+from launcher.command import LaunchSpec
+from launcher.logs import pump_stream
+from launcher.policy import (
+    Action,
+    Event,
+    Finish,
+    GraceExpired,
+    Interrupted,
+    JobState,
+    KillAll,
+    RankExited,
+    StopAll,
+    decide,
+    start_state,
+)
+from launcher.transport.base import Process, Stream, Transport
+
+TAIL_LINES = 20
+KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for exits we may never see
+DRAIN_S = 2.0  # after the last exit, how long output may still trickle in
+STREAMS: tuple[Stream, Stream] = ("stdout", "stderr")
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class OutputSink(Protocol):
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None: ...
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """The first rank that failed: who, where, how, and its last words."""
+
+    rank: int
+    host: str
+    status: int
+    last_lines: tuple[str, ...]
+    stream: Stream
+
+
+@dataclass(frozen=True)
+class JobResult:
+    exit_code: int
+    world_size: int
+    elapsed_s: float
+    failure: RankReport | None = None
+    interrupt: int | None = None
+    statuses: dict[int, int | None] = field(default_factory=dict)
+
+
+@dataclass
+class RankTrack:
+    spec: LaunchSpec
+    process: Process
+    open_streams: int = 2
+    status: int | None = None
+    tails: dict[Stream, deque[bytes]] = field(
+        default_factory=lambda: {s: deque(maxlen=TAIL_LINES) for s in STREAMS}
+    )
+
+
+class Supervisor:
+    def __init__(
+        self,
+        specs: Sequence[LaunchSpec],
+        transport: Transport,
+        sink: OutputSink,
+        *,
+        grace_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        output_dir: Path | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        self.specs = list(specs)
+        self.transport = transport
+        self.sink = sink
+        self.grace_s = grace_s
+        self.clock = clock
+        self.output_dir = output_dir
+        self.handle_signals = handle_signals
+        self.events: queue.SimpleQueue[tuple[str, int, object]] = queue.SimpleQueue()
+        self.tracks: dict[int, RankTrack] = {}
+
+    # -- the loop ---------------------------------------------------------
+
+    def run(self) -> JobResult:
+        started = self.clock()
+        previous = self.install_signal_handlers()
+        state = start_state(frozenset(s.rank for s in self.specs))
+        try:
+            for spec in self.specs:
+                self.start(spec)
+            state = self.loop(state)
+            self.drain()
+        finally:
+            self.teardown()
+            self.restore_signal_handlers(previous)
+            self.transport.close()
+        return JobResult(
+            exit_code=state.exit_code,
+            world_size=len(self.specs),
+            elapsed_s=self.clock() - started,
+            failure=self.report(state.failure.rank) if state.failure else None,
+            interrupt=state.interrupt,
+            statuses={r: t.status for r, t in self.tracks.items()},
+        )
+
+    def loop(self, state: JobState) -> JobState:
+        deadline: float | None = None  # grace or kill deadline, when stopping
+        while True:
+            timeout = None if deadline is None else max(0.0, deadline - self.clock())
+            event = self.next_event(timeout)
+            if event is None:
+                if state.killing:
+                    return state  # SIGKILLed ranks that never reported back: give up on them
+                event = GraceExpired()
+            state, action = decide(state, event)
+            if isinstance(action, Finish):
+                return state
+            if isinstance(action, StopAll):
+                self.signal_running(signal.SIGTERM)
+                deadline = self.clock() + self.grace_s
+            elif isinstance(action, KillAll):
+                self.signal_running(signal.SIGKILL)
+                deadline = self.clock() + KILL_WAIT_S
+
+    def next_event(self, timeout: float | None) -> Event | None:
+        """Handle queued output until an event for the policy arrives (None: timed out)."""
+        end = None if timeout is None else self.clock() + timeout
+        while True:
+            wait = 0.5 if end is None else min(0.5, end - self.clock())
+            if wait <= 0:
+                return None
+            try:
+                kind, rank, payload = self.events.get(timeout=wait)
+            except queue.Empty:
+                continue
+            event = self.handle(kind, rank, payload)
+            if event is not None:
+                return event
+
+    def handle(self, kind: str, rank: int, payload: object) -> Event | None:
+        if kind == "signal":
+            assert isinstance(payload, int)
+            return Interrupted(payload)
+        track = self.tracks[rank]
+        if kind == "lines":
+            stream, lines = payload  # type: ignore[misc]
+            track.tails[stream].extend(lines)
+            self.sink.show(track.spec, stream, lines)
+        elif kind == "eof":
+            track.open_streams -= 1
+        elif kind == "exit":
+            assert isinstance(payload, int)
+            track.status = payload
+            return RankExited(rank, payload)
+        return None
+
+    def drain(self) -> None:
+        """Show what the ranks wrote before they exited."""
+        end = self.clock() + DRAIN_S
+        while any(t.open_streams for t in self.tracks.values()) and self.clock() < end:
+            try:
+                kind, rank, payload = self.events.get(timeout=max(0.0, end - self.clock()))
+            except queue.Empty:
+                break
+            self.handle(kind, rank, payload)
+
+    # -- starting and stopping ranks ---------------------------------------
+
+    def start(self, spec: LaunchSpec) -> None:
+        process = self.transport.start(spec)
+        self.tracks[spec.rank] = RankTrack(spec, process)
+        for stream in STREAMS:
+            copy = self.open_copy(spec.rank, stream)
+            threading.Thread(
+                target=self.pump, args=(spec.rank, process, stream, copy), daemon=True
+            ).start()
+        threading.Thread(target=self.wait_for, args=(spec.rank, process), daemon=True).start()
+
+    def pump(self, rank: int, process: Process, stream: Stream, copy: BinaryIO | None) -> None:
+        def on_lines(lines: list[bytes]) -> None:
+            self.events.put(("lines", rank, (stream, lines)))
+
+        pump_stream(lambda size: process.read(stream, size), on_lines, copy)
+        self.events.put(("eof", rank, stream))
+
+    def wait_for(self, rank: int, process: Process) -> None:
+        self.events.put(("exit", rank, process.wait()))
+
+    def open_copy(self, rank: int, stream: Stream) -> BinaryIO | None:
+        if self.output_dir is None:
+            return None
+        directory = self.output_dir / f"rank.{rank}"
+        directory.mkdir(parents=True, exist_ok=True)
+        return open(directory / stream, "wb")
+
+    def signal_running(self, signum: int) -> None:
+        for track in self.tracks.values():
+            if track.status is None:
+                track.process.signal(signum)
+
+    def teardown(self) -> None:
+        """SIGTERM, grace, SIGKILL for whatever still runs (after an error in the loop)."""
+        if all(t.status is not None for t in self.tracks.values()):
+            return
+        self.signal_running(signal.SIGTERM)
+        end = self.clock() + self.grace_s
+        while self.clock() < end and any(t.status is None for t in self.tracks.values()):
+            self.drain_until(end)
+        self.signal_running(signal.SIGKILL)
+
+    def drain_until(self, end: float) -> None:
+        try:
+            kind, rank, payload = self.events.get(timeout=max(0.01, end - self.clock()))
+        except queue.Empty:
+            return
+        if kind != "signal":
+            self.handle(kind, rank, payload)
+
+    # -- signals and the report --------------------------------------------
+
+    def install_signal_handlers(self) -> dict[int, object]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.events.put(("signal", -1, signum))
+
+        return {s: signal.signal(s, on_signal) for s in HANDLED_SIGNALS}
+
+    def restore_signal_handlers(self, previous: dict[int, object]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def report(self, rank: int) -> RankReport:
+        track = self.tracks[rank]
+        stream: Stream = "stderr" if track.tails["stderr"] else "stdout"
+        return RankReport(
+            rank=rank,
+            host=track.spec.host.name,
+            status=track.status if track.status is not None else -signal.SIGKILL,
+            last_lines=tuple(
+                line.decode("utf-8", "replace") for line in track.tails[stream]
+            ),
+            stream=stream,
+        )

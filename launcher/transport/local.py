@@ -1,0 +1,144 @@
+"""Ranks on this machine: each under the watchdog, in its own session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from launcher.command import LaunchSpec
+from launcher.transport.base import Stream
+
+WATCHDOG = Path(__file__).resolve().parent.parent / "watchdog.py"
+NVIDIA_SMI_TIMEOUT_S = 10.0
+
+
+def build_child_env(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in spec.env_unset}
+    env.update(spec.env)
+    return env
+
+
+class LocalProcess:
+    def __init__(self, spec: LaunchSpec, popen: subprocess.Popen[bytes]) -> None:
+        self.spec = spec
+        self.popen = popen
+        self.pid = popen.pid
+        assert popen.stdout is not None and popen.stderr is not None
+        self.fds: dict[Stream, int] = {
+            "stdout": popen.stdout.fileno(),
+            "stderr": popen.stderr.fileno(),
+        }
+
+    def read(self, stream: Stream, size: int) -> bytes:
+        return os.read(self.fds[stream], size)
+
+    def wait(self) -> int:
+        return self.popen.wait()
+
+    def signal(self, signum: int) -> None:
+        if self.popen.returncode is not None:
+            return
+        try:
+            os.killpg(self.pid, signum)  # the watchdog leads the group: pgid == pid
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class LocalTransport:
+    """Starts ranks as ``python -I -S watchdog.py GRACE -- argv`` on this machine."""
+
+    def __init__(
+        self,
+        environ: Mapping[str, str],
+        grace_s: float,
+        python: str = sys.executable,
+    ) -> None:
+        self.environ = dict(environ)
+        self.grace_s = grace_s
+        self.python = python
+
+    def start(self, spec: LaunchSpec) -> LocalProcess:
+        argv = [self.python, "-I", "-S", str(WATCHDOG), str(self.grace_s), "--", *spec.argv]
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,  # the watchdog's lifeline: EOF when we die
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=build_child_env(self.environ, spec),
+            cwd=spec.cwd,
+            start_new_session=True,
+        )
+        return LocalProcess(spec, popen)
+
+    def close(self) -> None:
+        pass
+
+
+def find_free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on this machine right now."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def is_local_address(name: str) -> bool:
+    """True when ``name`` resolves to an address of this machine (this network namespace).
+
+    Decided by address, not by name: an address is ours when we can bind to it.
+    """
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return False
+    for family, _, _, _, sockaddr in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((sockaddr[0], 0))
+            except OSError:
+                continue
+            return True
+    return False
+
+
+def detect_local_gpus(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """GPU ids usable here: ``CUDA_VISIBLE_DEVICES`` if set, else what nvidia-smi lists."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = tuple(v.strip() for v in visible.split(",") if v.strip())
+        return () if ids[:1] == ("-1",) else ids
+    smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if smi is None:
+        return ()
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    if out.returncode != 0:
+        return ()
+    return tuple(line.strip() for line in out.stdout.splitlines() if line.strip())
+
+
+def kill_group(pgid: int, signum: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
