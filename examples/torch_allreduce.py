@@ -57,6 +57,7 @@ def main() -> int:
         return 1
     if rank == 0:
         print(f"final loss {loss.item():.5f}; weights identical on all {world} ranks")
+    dist.barrier()  # leave together: gloo aborts a rank whose peers hang up mid-teardown
     dist.destroy_process_group()
     return 0
 

@@ -44,45 +44,93 @@ def cli() -> None:
 
 def host_options(command: Any) -> Any:
     command = click.option(
-        "-H", "--host", "host_lists", multiple=True, metavar="HOST[:SLOTS],...",
+        "-H",
+        "--host",
+        "host_lists",
+        multiple=True,
+        metavar="HOST[:SLOTS],...",
         help="Hosts and slots, e.g. -H a:4,b:4 or -H a,a,b (repeatable).",
     )(command)
     return click.option(
-        "--hostfile", metavar="FILE",
+        "--hostfile",
+        metavar="FILE",
         help="Hostfile (Open MPI/DeepSpeed 'host slots=N', Horovod/MPICH 'host:N', one per line).",
     )(command)
 
 
 @cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
-@click.option("-np", "--np", "np_", type=int, metavar="N",
-              help="Number of ranks (default: all slots).")
+@click.option(
+    "-np", "--np", "np_", type=int, metavar="N", help="Number of ranks (default: all slots)."
+)
 @host_options
-@click.option("--map-by", type=click.Choice(["slot", "node"]), default="slot", show_default=True,
-              help="slot: fill each host before the next; node: round-robin over hosts.")
+@click.option(
+    "--map-by",
+    type=click.Choice(["slot", "node"]),
+    default="slot",
+    show_default=True,
+    help="slot: fill each host before the next; node: round-robin over hosts.",
+)
 @click.option("--oversubscribe", is_flag=True, help="Allow more ranks than slots.")
-@click.option("--nproc-per-node", type=int, metavar="K",
-              help="Start K ranks on every host (torchrun style), instead of -np.")
+@click.option(
+    "--nproc-per-node",
+    type=int,
+    metavar="K",
+    help="Start K ranks on every host (torchrun style), instead of -np.",
+)
 @click.option("--master-addr", metavar="ADDR", help="Rendezvous address (default: rank 0's host).")
-@click.option("--master-port", type=click.IntRange(1, 65535), metavar="PORT",
-              help="Rendezvous port (default: a free port on rank 0's host).")
-@click.option("-x", "exports", multiple=True, metavar="NAME[=VALUE]",
-              help="Export a variable to every rank; NAME alone copies it from here.")
-@click.option("--env-file", "env_files", multiple=True, metavar="FILE",
-              help="Variables for every rank, dotenv syntax (repeatable).")
+@click.option(
+    "--master-port",
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="Rendezvous port (default: a free port on rank 0's host).",
+)
+@click.option(
+    "-x",
+    "exports",
+    multiple=True,
+    metavar="NAME[=VALUE]",
+    help="Export a variable to every rank; NAME alone copies it from here.",
+)
+@click.option(
+    "--env-file",
+    "env_files",
+    multiple=True,
+    metavar="FILE",
+    help="Variables for every rank, dotenv syntax (repeatable).",
+)
 @click.option("--gpus-per-rank", type=int, metavar="K", help="Bind K GPUs to each rank.")
 @click.option("--no-gpu-binding", is_flag=True, help="Leave CUDA_VISIBLE_DEVICES alone.")
-@click.option("--tf", "tf_config", is_flag=True,
-              help="Set TF_CONFIG with every rank a worker (MultiWorkerMirroredStrategy).")
+@click.option(
+    "--tf",
+    "tf_config",
+    is_flag=True,
+    help="Set TF_CONFIG with every rank a worker (MultiWorkerMirroredStrategy).",
+)
 @click.option("--workdir", metavar="DIR", help="Working directory of the ranks (default: here).")
-@click.option("--grace", type=click.FloatRange(0), default=DEFAULT_GRACE_S, show_default=True,
-              metavar="SECONDS", help="Time between SIGTERM and SIGKILL when stopping ranks.")
-@click.option("--tag-format", default="[{rank}]", show_default=True, metavar="FORMAT",
-              help="Tag of each output line; fields {rank} {host} {local_rank} {node_rank} "
-                   "{role} {time}.")
-@click.option("--output-dir", metavar="DIR",
-              help="Also write each rank's output to DIR/rank.N/stdout and stderr.")
+@click.option(
+    "--grace",
+    type=click.FloatRange(0),
+    default=DEFAULT_GRACE_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Time between SIGTERM and SIGKILL when stopping ranks.",
+)
+@click.option(
+    "--tag-format",
+    default="[{rank}]",
+    show_default=True,
+    metavar="FORMAT",
+    help="Tag of each output line; fields {rank} {host} {local_rank} {node_rank} {role} {time}.",
+)
+@click.option(
+    "--output-dir",
+    metavar="DIR",
+    help="Also write each rank's output to DIR/rank.N/stdout and stderr.",
+)
 @click.option("--color/--no-color", default=None, help="Colour rank tags (default: on a terminal).")
-@click.option("--dry-run", is_flag=True, help="Print the plan (ranks, commands, environment); start nothing.")
+@click.option(
+    "--dry-run", is_flag=True, help="Print the plan (ranks, commands, environment); start nothing."
+)
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(**options: Any) -> int:
@@ -96,6 +144,7 @@ def run(**options: Any) -> int:
 def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> int:
     """Show the hosts and slots a hostfile or -H list resolves to."""
     from launcher.console import format_hosts, hosts_as_json
+
     found = read_hosts(host_lists, hostfile, default_slots=None)
     click.echo(hosts_as_json(found) if as_json else "\n".join(format_hosts(found)))
     return 0
@@ -104,8 +153,9 @@ def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> i
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and turn every error into one line and an exit code."""
     try:
-        result = cli.main(args=list(argv) if argv is not None else None, prog_name="dtrain",
-                          standalone_mode=False)
+        result = cli.main(
+            args=list(argv) if argv is not None else None, prog_name="dtrain", standalone_mode=False
+        )
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
         return 2
@@ -239,7 +289,9 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
     tf_configs = {}
     if options.tf_config:
         tf_ports = {r.rank: next(ports, DEFAULT_MASTER_PORT + 1 + r.local_rank) for r in plan.ranks}
-        addresses = {name: "127.0.0.1" for name, is_local in local.items() if is_local and all_local}
+        addresses = {
+            name: "127.0.0.1" for name, is_local in local.items() if is_local and all_local
+        }
         tf_configs = build_tf_configs(plan, tf_ports, addresses)
     env_options = EnvOptions(
         job_id=new_job_id(),
@@ -255,7 +307,9 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
     )
     if options.dry_run:
         entries = describe_specs(specs)
-        click.echo(format_plan_json(entries) if options.as_json else "\n".join(format_plan(entries)))
+        click.echo(
+            format_plan_json(entries) if options.as_json else "\n".join(format_plan(entries))
+        )
         return 0
     check_runnable(plan, specs, local, environ)
     view = make_line_view(sys.stdout, sys.stderr, options.tag_format, options.color)

@@ -22,8 +22,18 @@ from launcher.transport.base import Stream
 
 DEFAULT_TAG = "[{rank}]"
 TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "time")
-RANK_COLORS = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta",
-               "bright_green", "bright_yellow", "bright_blue")
+RANK_COLORS = (
+    "cyan",
+    "magenta",
+    "green",
+    "yellow",
+    "blue",
+    "bright_cyan",
+    "bright_magenta",
+    "bright_green",
+    "bright_yellow",
+    "bright_blue",
+)
 STDERR_MARK = "<stderr>"
 
 
@@ -32,7 +42,9 @@ def check_tag_format(tag_format: str) -> None:
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(tag_format) if f is not None]
     except ValueError as exc:
-        raise UsageError(f"--tag-format {tag_format!r}: {exc}", "write e.g. '[{rank}@{host}]'") from exc
+        raise UsageError(
+            f"--tag-format {tag_format!r}: {exc}", "write e.g. '[{rank}@{host}]'"
+        ) from exc
     unknown = [f for f in fields if f not in TAG_FIELDS]
     if unknown:
         raise UsageError(
@@ -94,18 +106,12 @@ class LineView:
         return prefix
 
     def paint(self, text: str, color: str) -> str:
+        from rich.color import ColorSystem
         from rich.style import Style
 
-        return Style(color=color).render(text, color_system=self.color_system_enum())
-
-    def color_system_enum(self):  # type: ignore[no-untyped-def]
-        from rich.color import ColorSystem
-
-        return {
-            "truecolor": ColorSystem.TRUECOLOR,
-            "256": ColorSystem.EIGHT_BIT,
-            "standard": ColorSystem.STANDARD,
-        }.get(self.color_system or "standard", ColorSystem.STANDARD)
+        systems = {"truecolor": ColorSystem.TRUECOLOR, "256": ColorSystem.EIGHT_BIT}
+        system = systems.get(self.color_system or "", ColorSystem.STANDARD)
+        return Style(color=color).render(text, color_system=system)
 
 
 def make_line_view(out: TextIO, err: TextIO, tag_format: str, color: bool | None) -> LineView:
@@ -189,7 +195,9 @@ def format_hosts(hosts: Sequence[Host]) -> list[str]:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.append(f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}, {sum(h.slots for h in hosts)} slots")
+    lines.append(
+        f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}, {sum(h.slots for h in hosts)} slots"
+    )
     return lines
 
 

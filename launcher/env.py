@@ -55,7 +55,9 @@ def build_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
     return env
 
 
-def build_tf_configs(plan: Plan, ports: Mapping[int, int], addresses: Mapping[str, str]) -> dict[int, str]:
+def build_tf_configs(
+    plan: Plan, ports: Mapping[int, int], addresses: Mapping[str, str]
+) -> dict[int, str]:
     """``TF_CONFIG`` for MultiWorkerMirroredStrategy: every rank a worker.
 
     ``ports`` maps rank -> a port free on its host; ``addresses`` maps a host
@@ -111,7 +113,9 @@ def parse_env_value(value: str, where: str) -> str:
             raise EnvError(f"{where}: unterminated {quote} quote", f"close the value with {quote}")
         rest = value[end + 1 :].strip()
         if rest and not rest.startswith("#"):
-            raise EnvError(f"{where}: unexpected text after the quoted value", "quote the whole value")
+            raise EnvError(
+                f"{where}: unexpected text after the quoted value", "quote the whole value"
+            )
         inner = value[1:end]
         if quote == '"':
             inner = re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m[1], m[1]), inner)

@@ -50,40 +50,50 @@ class Plan:
 
 
 def count_ranks_per_host(
-    hosts: Sequence[Host], np: int, oversubscribe: bool
+    hosts: Sequence[Host], np: int, oversubscribe: bool, map_by: MapBy = "slot"
 ) -> list[int]:
-    """How many ranks each host takes: slots first, then extras round-robin."""
+    """How many ranks each host takes: slots first, then extras round-robin up to max_slots.
+
+    By slot, each host's slots fill before the next host's; by node, ranks are
+    dealt one per host per round, so ``-np 2`` on ``a:2,b:2`` uses both hosts.
+    """
     total_slots = sum(h.slots for h in hosts)
-    counts = [0] * len(hosts)
-    remaining = np
-    for i, host in enumerate(hosts):
-        counts[i] = min(host.slots, remaining)
-        remaining -= counts[i]
-    if remaining == 0:
-        return counts
-    if not oversubscribe:
+    if np > total_slots and not oversubscribe:
         raise PlanError(
             f"-np {np} is more than the {total_slots} slots of "
             + ", ".join(f"{h.name}:{h.slots}" for h in hosts),
             "lower -np, add slots to the hosts, or pass --oversubscribe",
         )
-    capacity = [h.max_slots if h.max_slots is not None else None for h in hosts]
-    while remaining:
-        placed = False
-        for i in range(len(hosts)):
-            cap = capacity[i]
-            if remaining and (cap is None or counts[i] < cap):
-                counts[i] += 1
-                remaining -= 1
-                placed = True
-        if not placed:
-            limit = sum(c for c in capacity if c is not None)
-            raise PlanError(
-                f"-np {np} is more than the {limit} max_slots of the hosts, "
-                "even with --oversubscribe",
-                "lower -np or raise max_slots in the hostfile",
-            )
+    counts = [0] * len(hosts)
+    if map_by == "slot":
+        remaining = np
+        for i, host in enumerate(hosts):
+            counts[i] = min(host.slots, remaining)
+            remaining -= counts[i]
+    else:
+        remaining = deal(counts, np, [h.slots for h in hosts])
+    remaining = deal(counts, remaining, [h.max_slots for h in hosts])
+    if remaining:
+        limit = sum(h.max_slots or 0 for h in hosts)
+        raise PlanError(
+            f"-np {np} is more than the {limit} max_slots of the hosts, even with --oversubscribe",
+            "lower -np or raise max_slots in the hostfile",
+        )
     return counts
+
+
+def deal(counts: list[int], ranks: int, caps: Sequence[int | None]) -> int:
+    """Add ``ranks`` to ``counts`` one per host per round, up to each cap; returns what is left."""
+    while ranks:
+        placed = 0
+        for i, cap in enumerate(caps):
+            if ranks and (cap is None or counts[i] < cap):
+                counts[i] += 1
+                ranks -= 1
+                placed += 1
+        if not placed:
+            break
+    return ranks
 
 
 def plan_ranks(
@@ -112,10 +122,8 @@ def plan_ranks(
             np = sum(h.slots for h in hosts)
         if np < 1:
             raise PlanError(f"-np {np}: must be at least 1")
-        counts = count_ranks_per_host(hosts, np, oversubscribe)
-    order = (
-        assign_by_slot(counts) if map_by == "slot" else assign_by_node(counts)
-    )
+        counts = count_ranks_per_host(hosts, np, oversubscribe, map_by)
+    order = assign_by_slot(counts) if map_by == "slot" else assign_by_node(counts)
     used = [i for i, c in enumerate(counts) if c > 0]
     node_rank_of = {host_index: n for n, host_index in enumerate(used)}
     world_size = len(order)

@@ -24,7 +24,6 @@ from typing import BinaryIO, Protocol
 from launcher.command import LaunchSpec
 from launcher.logs import pump_stream
 from launcher.policy import (
-    Action,
     Event,
     Finish,
     GraceExpired,
@@ -70,6 +69,32 @@ class JobResult:
     statuses: dict[int, int | None] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Output:
+    rank: int
+    stream: Stream
+    lines: list[bytes]
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    rank: int
+
+
+@dataclass(frozen=True)
+class Exit:
+    rank: int
+    status: int
+
+
+@dataclass(frozen=True)
+class Signalled:
+    signum: int
+
+
+Message = Output | StreamEnd | Exit | Signalled
+
+
 @dataclass
 class RankTrack:
     spec: LaunchSpec
@@ -100,7 +125,7 @@ class Supervisor:
         self.clock = clock
         self.output_dir = output_dir
         self.handle_signals = handle_signals
-        self.events: queue.SimpleQueue[tuple[str, int, object]] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self.tracks: dict[int, RankTrack] = {}
 
     # -- the loop ---------------------------------------------------------
@@ -154,28 +179,26 @@ class Supervisor:
             if wait <= 0:
                 return None
             try:
-                kind, rank, payload = self.events.get(timeout=wait)
+                message = self.events.get(timeout=wait)
             except queue.Empty:
                 continue
-            event = self.handle(kind, rank, payload)
+            event = self.handle(message)
             if event is not None:
                 return event
 
-    def handle(self, kind: str, rank: int, payload: object) -> Event | None:
-        if kind == "signal":
-            assert isinstance(payload, int)
-            return Interrupted(payload)
-        track = self.tracks[rank]
-        if kind == "lines":
-            stream, lines = payload  # type: ignore[misc]
-            track.tails[stream].extend(lines)
-            self.sink.show(track.spec, stream, lines)
-        elif kind == "eof":
+    def handle(self, message: Message) -> Event | None:
+        """Show output, count closed streams; exits and signals become policy events."""
+        if isinstance(message, Signalled):
+            return Interrupted(message.signum)
+        track = self.tracks[message.rank]
+        if isinstance(message, Output):
+            track.tails[message.stream].extend(message.lines)
+            self.sink.show(track.spec, message.stream, message.lines)
+        elif isinstance(message, StreamEnd):
             track.open_streams -= 1
-        elif kind == "exit":
-            assert isinstance(payload, int)
-            track.status = payload
-            return RankExited(rank, payload)
+        else:
+            track.status = message.status
+            return RankExited(message.rank, message.status)
         return None
 
     def drain(self) -> None:
@@ -183,10 +206,10 @@ class Supervisor:
         end = self.clock() + DRAIN_S
         while any(t.open_streams for t in self.tracks.values()) and self.clock() < end:
             try:
-                kind, rank, payload = self.events.get(timeout=max(0.0, end - self.clock()))
+                message = self.events.get(timeout=max(0.0, end - self.clock()))
             except queue.Empty:
                 break
-            self.handle(kind, rank, payload)
+            self.handle(message)
 
     # -- starting and stopping ranks ---------------------------------------
 
@@ -202,13 +225,13 @@ class Supervisor:
 
     def pump(self, rank: int, process: Process, stream: Stream, copy: BinaryIO | None) -> None:
         def on_lines(lines: list[bytes]) -> None:
-            self.events.put(("lines", rank, (stream, lines)))
+            self.events.put(Output(rank, stream, lines))
 
         pump_stream(lambda size: process.read(stream, size), on_lines, copy)
-        self.events.put(("eof", rank, stream))
+        self.events.put(StreamEnd(rank))
 
     def wait_for(self, rank: int, process: Process) -> None:
-        self.events.put(("exit", rank, process.wait()))
+        self.events.put(Exit(rank, process.wait()))
 
     def open_copy(self, rank: int, stream: Stream) -> BinaryIO | None:
         if self.output_dir is None:
@@ -234,11 +257,11 @@ class Supervisor:
 
     def drain_until(self, end: float) -> None:
         try:
-            kind, rank, payload = self.events.get(timeout=max(0.01, end - self.clock()))
+            message = self.events.get(timeout=max(0.01, end - self.clock()))
         except queue.Empty:
             return
-        if kind != "signal":
-            self.handle(kind, rank, payload)
+        if not isinstance(message, Signalled):
+            self.handle(message)
 
     # -- signals and the report --------------------------------------------
 
@@ -247,7 +270,7 @@ class Supervisor:
             return {}
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            self.events.put(("signal", -1, signum))
+            self.events.put(Signalled(signum))
 
         return {s: signal.signal(s, on_signal) for s in HANDLED_SIGNALS}
 
@@ -262,8 +285,6 @@ class Supervisor:
             rank=rank,
             host=track.spec.host.name,
             status=track.status if track.status is not None else -signal.SIGKILL,
-            last_lines=tuple(
-                line.decode("utf-8", "replace") for line in track.tails[stream]
-            ),
+            last_lines=tuple(line.decode("utf-8", "replace") for line in track.tails[stream]),
             stream=stream,
         )

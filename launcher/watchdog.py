@@ -135,7 +135,8 @@ def exit_like(status: int) -> None:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the program's core, not ours
         except (ImportError, ValueError, OSError):
             pass
-        signal.signal(signum, signal.SIG_DFL)
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         time.sleep(1)
         os._exit(128 + signum)

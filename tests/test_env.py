@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from launcher.errors import EnvError
 from launcher.env import (
     EnvOptions,
     build_env,
@@ -14,6 +13,7 @@ from launcher.env import (
     parse_env_file,
     resolve_env_args,
 )
+from launcher.errors import EnvError
 from launcher.hosts import Host
 from launcher.plan import bind_gpus, plan_ranks
 

@@ -13,33 +13,85 @@ A, B, C = Host("a", 2), Host("b", 2), Host("c", 1)
 
 def layout(plan: Plan) -> list[tuple[int, str, int, int, int]]:
     """(rank, host, local_rank, node_rank, local_world_size) per rank."""
-    return [(r.rank, r.host.name, r.local_rank, r.node_rank, r.local_world_size) for r in plan.ranks]
+    return [
+        (r.rank, r.host.name, r.local_rank, r.node_rank, r.local_world_size) for r in plan.ranks
+    ]
 
 
 @pytest.mark.parametrize(
     ("hosts", "np", "kwargs", "expected"),
     [
-        ([A, B], 4, {}, [(0, "a", 0, 0, 2), (1, "a", 1, 0, 2), (2, "b", 0, 1, 2), (3, "b", 1, 1, 2)]),
-        ([A, B], None, {}, [(0, "a", 0, 0, 2), (1, "a", 1, 0, 2), (2, "b", 0, 1, 2), (3, "b", 1, 1, 2)]),
+        (
+            [A, B],
+            4,
+            {},
+            [(0, "a", 0, 0, 2), (1, "a", 1, 0, 2), (2, "b", 0, 1, 2), (3, "b", 1, 1, 2)],
+        ),
+        (
+            [A, B],
+            None,
+            {},
+            [(0, "a", 0, 0, 2), (1, "a", 1, 0, 2), (2, "b", 0, 1, 2), (3, "b", 1, 1, 2)],
+        ),
         ([A, B], 3, {}, [(0, "a", 0, 0, 2), (1, "a", 1, 0, 2), (2, "b", 0, 1, 1)]),
         ([A, B], 2, {}, [(0, "a", 0, 0, 2), (1, "a", 1, 0, 2)]),
-        ([A, B], 4, {"map_by": "node"},
-         [(0, "a", 0, 0, 2), (1, "b", 0, 1, 2), (2, "a", 1, 0, 2), (3, "b", 1, 1, 2)]),
-        ([A, B, C], 5, {"map_by": "node"},
-         [(0, "a", 0, 0, 2), (1, "b", 0, 1, 2), (2, "c", 0, 2, 1), (3, "a", 1, 0, 2),
-          (4, "b", 1, 1, 2)]),
-        ([A, B], 2, {"map_by": "node"}, [(0, "a", 0, 0, 1), (1, "a", 1, 0, 1)][:0]
-         + [(0, "a", 0, 0, 2), (1, "a", 1, 0, 2)]),
-        ([A, C], 5, {"oversubscribe": True},
-         [(0, "a", 0, 0, 3), (1, "a", 1, 0, 3), (2, "a", 2, 0, 3), (3, "c", 0, 1, 2),
-          (4, "c", 1, 1, 2)]),
-        ([A, B], None, {"nproc_per_node": 3},
-         [(0, "a", 0, 0, 3), (1, "a", 1, 0, 3), (2, "a", 2, 0, 3), (3, "b", 0, 1, 3),
-          (4, "b", 1, 1, 3), (5, "b", 2, 1, 3)]),
+        (
+            [A, B],
+            4,
+            {"map_by": "node"},
+            [(0, "a", 0, 0, 2), (1, "b", 0, 1, 2), (2, "a", 1, 0, 2), (3, "b", 1, 1, 2)],
+        ),
+        (
+            [A, B, C],
+            5,
+            {"map_by": "node"},
+            [
+                (0, "a", 0, 0, 2),
+                (1, "b", 0, 1, 2),
+                (2, "c", 0, 2, 1),
+                (3, "a", 1, 0, 2),
+                (4, "b", 1, 1, 2),
+            ],
+        ),
+        (
+            [A, B],
+            2,
+            {"map_by": "node"},
+            [(0, "a", 0, 0, 1), (1, "b", 0, 1, 1)],
+        ),
+        (
+            [A, C],
+            5,
+            {"oversubscribe": True},
+            [
+                (0, "a", 0, 0, 3),
+                (1, "a", 1, 0, 3),
+                (2, "a", 2, 0, 3),
+                (3, "c", 0, 1, 2),
+                (4, "c", 1, 1, 2),
+            ],
+        ),
+        (
+            [A, B],
+            None,
+            {"nproc_per_node": 3},
+            [
+                (0, "a", 0, 0, 3),
+                (1, "a", 1, 0, 3),
+                (2, "a", 2, 0, 3),
+                (3, "b", 0, 1, 3),
+                (4, "b", 1, 1, 3),
+                (5, "b", 2, 1, 3),
+            ],
+        ),
     ],
 )
-def test_placement(hosts: list[Host], np: int | None, kwargs: dict[str, object],
-                   expected: list[tuple[int, str, int, int, int]]) -> None:
+def test_placement(
+    hosts: list[Host],
+    np: int | None,
+    kwargs: dict[str, object],
+    expected: list[tuple[int, str, int, int, int]],
+) -> None:
     plan = plan_ranks(hosts, np, **kwargs)  # type: ignore[arg-type]
     assert layout(plan) == expected
     assert all(r.world_size == len(expected) for r in plan.ranks)
@@ -68,11 +120,16 @@ def test_whole_rank_value() -> None:
         ([], 1, {}, "no hosts"),
     ],
 )
-def test_placement_errors(hosts: list[Host], np: int | None, kwargs: dict[str, object],
-                          message: str) -> None:
+def test_placement_errors(
+    hosts: list[Host], np: int | None, kwargs: dict[str, object], message: str
+) -> None:
     with pytest.raises(PlanError, match=message.replace("-", r"\-")) as info:
         plan_ranks(hosts, np, **kwargs)  # type: ignore[arg-type]
     assert info.value.exit_code == 2
+
+
+def test_by_slot_with_fewer_ranks_leaves_later_hosts_empty() -> None:
+    assert [r.host.name for r in plan_ranks([A, B], 2).ranks] == ["a", "a"]
 
 
 def test_oversubscribe_respects_max_slots() -> None:
@@ -95,8 +152,13 @@ def gpus_of(plan: Plan) -> list[tuple[str, ...] | None]:
         ([Host("a", 1), Host("b", 1)], 2, {"a": ("GPU-x",)}, None, [("GPU-x",), None]),
     ],
 )
-def test_gpu_binding(hosts: list[Host], np: int, inventory: dict[str, tuple[str, ...]],
-                     per_rank: int | None, expected: list[tuple[str, ...] | None]) -> None:
+def test_gpu_binding(
+    hosts: list[Host],
+    np: int,
+    inventory: dict[str, tuple[str, ...]],
+    per_rank: int | None,
+    expected: list[tuple[str, ...] | None],
+) -> None:
     assert gpus_of(bind_gpus(plan_ranks(hosts, np), inventory, per_rank)) == expected
 
 

@@ -39,15 +39,13 @@ def test_all_succeed() -> None:
 
 
 def test_first_failure_stops_the_rest_and_sets_the_code() -> None:
-    state, actions = play(
-        3, [RankExited(2, 3), RankExited(0, -signal.SIGTERM), RankExited(1, 1)]
-    )
+    state, actions = play(3, [RankExited(2, 3), RankExited(0, -signal.SIGTERM), RankExited(1, 1)])
     assert actions == [StopAll(), Continue(), Finish(3)]
     assert state.failure == Failure(2, 3)
 
 
 def test_signal_death_is_128_plus_signal() -> None:
-    state, actions = play(2, [RankExited(0, -signal.SIGKILL), RankExited(1, -signal.SIGTERM)])
+    _, actions = play(2, [RankExited(0, -signal.SIGKILL), RankExited(1, -signal.SIGTERM)])
     assert actions == [StopAll(), Finish(137)]
     assert exit_code_of(-signal.SIGSEGV) == 139
     assert describe_status(-signal.SIGSEGV) == "killed by SIGSEGV"
@@ -62,7 +60,12 @@ def test_grace_expiry_kills() -> None:
 def test_ctrl_c_then_second_ctrl_c() -> None:
     state, actions = play(
         2,
-        [Interrupted(signal.SIGINT), Interrupted(signal.SIGINT), RankExited(0, -9), RankExited(1, -9)],
+        [
+            Interrupted(signal.SIGINT),
+            Interrupted(signal.SIGINT),
+            RankExited(0, -9),
+            RankExited(1, -9),
+        ],
     )
     assert actions == [StopAll(), KillAll(), Continue(), Finish(130)]
     assert state.failure is None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -135,10 +134,3 @@ def detect_local_gpus(environ: Mapping[str, str]) -> tuple[str, ...]:
     if out.returncode != 0:
         return ()
     return tuple(line.strip() for line in out.stdout.splitlines() if line.strip())
-
-
-def kill_group(pgid: int, signum: int = signal.SIGKILL) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass

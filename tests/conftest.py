@@ -1,0 +1,114 @@
+"""Shared helpers for end-to-end tests: run the real dtrain, find what it left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DTRAIN = [sys.executable, "-m", "launcher"]
+MARK = "DTRAIN_TEST_MARK"
+
+
+def child_env() -> dict[str, str]:
+    """The test's environment with this interpreter's bin dir first, so ranks' `python` is ours."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env.pop("NO_COLOR", None)
+    return env
+
+
+def run_dtrain(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*DTRAIN, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or child_env(),
+        cwd=cwd or REPO,
+        errors="replace",
+    )
+
+
+def start_dtrain(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*DTRAIN, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or child_env(),
+        cwd=REPO,
+        errors="replace",
+    )
+
+
+def marked_pids(mark: str) -> list[int]:
+    """Processes whose environment carries ``DTRAIN_TEST_MARK=mark`` (ranks, grandchildren...)."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != b"Z" and needle in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def wait_until_gone(mark: str, timeout: float = 5.0) -> list[int]:
+    """Wait for every marked process to end; returns the survivors (empty: none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = marked_pids(mark)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def wait_for_pids(mark: str, count: int, timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = marked_pids(mark)
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"expected {count} processes marked {mark}, saw {marked_pids(mark)}")
+
+
+@pytest.fixture
+def mark() -> Iterator[str]:
+    """A unique marker for one job; the test fails if any marked process outlives it."""
+    value = uuid.uuid4().hex
+    yield value
+    survivors = wait_until_gone(value, timeout=10)
+    for pid in survivors:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    assert not survivors, f"processes of the job survived: {survivors}"
+
+
+def tagged(output: str, rank: int) -> list[str]:
+    prefix = f"[{rank}] "
+    return [line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix)]
+
+
+def py(code: str) -> Sequence[str]:
+    """argv running ``code`` with this interpreter."""
+    return [sys.executable, "-c", code]

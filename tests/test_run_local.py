@@ -1,0 +1,359 @@
+"""End to end on this machine: the real dtrain, real processes, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    REPO,
+    child_env,
+    marked_pids,
+    py,
+    run_dtrain,
+    start_dtrain,
+    tagged,
+    wait_for_pids,
+    wait_until_gone,
+)
+
+
+def test_every_rank_runs_with_its_environment(mark: str) -> None:
+    code = (
+        "import os; print(' '.join(os.environ[k] for k in "
+        "('RANK','WORLD_SIZE','LOCAL_RANK','LOCAL_WORLD_SIZE','NODE_RANK','MASTER_ADDR',"
+        "'DTRAIN_JOB_ID','PYTHONUNBUFFERED','OMP_NUM_THREADS')))"
+    )
+    result = run_dtrain("run", "-np", "3", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code))
+    assert result.returncode == 0, result.stderr
+    rows = {r: tagged(result.stdout, r) for r in range(3)}
+    job_ids = set()
+    for rank, lines in rows.items():
+        assert len(lines) == 1
+        fields = lines[0].split()
+        assert fields[:5] == [str(rank), "3", str(rank), "3", "0"]
+        assert fields[5] == "127.0.0.1"
+        assert fields[7:] == ["1", "1"]
+        job_ids.add(fields[6])
+    assert len(job_ids) == 1
+
+
+def test_stderr_lines_are_marked_and_kept_apart(mark: str) -> None:
+    result = run_dtrain(
+        "run",
+        "-np",
+        "2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "echo out $RANK; echo err $RANK >&2",
+    )
+    assert result.returncode == 0
+    assert sorted(result.stdout.splitlines()) == ["[0] out 0", "[1] out 1"]
+    assert sorted(result.stderr.splitlines()) == ["[0]<stderr> err 0", "[1]<stderr> err 1"]
+
+
+def test_failing_rank_stops_the_others_and_sets_the_exit_code(mark: str) -> None:
+    script = "if [ $RANK = 2 ]; then echo first >&2; echo dying now >&2; exit 3; fi; exec sleep 60"
+    started = time.monotonic()
+    result = run_dtrain("run", "-np", "4", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script)
+    assert result.returncode == 3
+    assert time.monotonic() - started < 30
+    summary = [line for line in result.stderr.splitlines() if line.startswith("dtrain:")]
+    assert summary[0] == (
+        "dtrain: rank 2 on localhost failed (exit code 3); "
+        "stopped the other 3 ranks; dtrain exits 3"
+    )
+    assert "    dying now" in result.stderr.splitlines()
+    assert wait_until_gone(mark) == []
+
+
+def test_rank_killed_by_a_signal_exits_128_plus_signal(mark: str) -> None:
+    script = "if [ $RANK = 0 ]; then kill -KILL $$; fi; exec sleep 60"
+    result = run_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script)
+    assert result.returncode == 128 + signal.SIGKILL
+    assert "rank 0 on localhost failed (killed by SIGKILL)" in result.stderr
+
+
+def test_rank_ignoring_sigterm_is_killed_after_the_grace_period(mark: str) -> None:
+    script = (
+        "if [ $RANK = 0 ]; then sleep 0.5; exit 1; fi; trap '' TERM; while :; do sleep 0.1; done"
+    )
+    started = time.monotonic()
+    result = run_dtrain(
+        "run", "-np", "2", "--grace", "1", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    assert 1.0 <= elapsed < 20
+
+
+def test_grandchildren_are_ended_with_their_rank(mark: str) -> None:
+    script = "sleep 300 & sleep 300 & echo started; exit 0"
+    result = run_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script)
+    assert result.returncode == 0
+    assert wait_until_gone(mark) == []
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_dtrain_stops_everything(mark: str, signum: int, code: int) -> None:
+    proc = start_dtrain(
+        "run", "-np", "3", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", "sleep 300 & echo up; wait"
+    )
+    wait_for_pids(mark, 3 * 3)  # per rank: watchdog, sh, sleep
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code
+    assert f"interrupted by {signal.Signals(signum).name}" in err
+    assert wait_until_gone(mark) == []
+
+
+def test_second_ctrl_c_kills_at_once(mark: str) -> None:
+    proc = start_dtrain(
+        "run",
+        "-np",
+        "2",
+        "--grace",
+        "60",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "trap '' TERM INT; while :; do sleep 0.1; done",
+    )
+    wait_for_pids(mark, 4)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert proc.poll() is None  # still in the 60 s grace period
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert time.monotonic() - started < 10
+    assert proc.returncode == 130
+
+
+def test_killed_launcher_leaves_nothing_behind(mark: str) -> None:
+    proc = start_dtrain(
+        "run",
+        "-np",
+        "3",
+        "--grace",
+        "1",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "sleep 300 & sleep 300",
+    )
+    wait_for_pids(mark, 3 * 3)
+    proc.kill()
+    proc.communicate(timeout=10)
+    assert wait_until_gone(mark, timeout=5) == []
+
+
+def test_program_not_found_exits_on_launch_failure(mark: str) -> None:
+    result = run_dtrain("run", "-np", "2", "no-such-program-xyz")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "dtrain: error: program 'no-such-program-xyz' not found on PATH on localhost "
+        "(hint: check the spelling, install it, or give its full path)"
+    ]
+
+
+def test_arguments_arrive_intact(mark: str) -> None:
+    weird = ["a b", "it's", '"quoted"', "$HOME", "tab\there", "new\nline", "--np", "-x"]
+    code = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    result = run_dtrain("run", "-np", "1", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code), *weird)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(tagged(result.stdout, 0)[0]) == weird
+
+
+def test_exported_variables_and_env_files(mark: str, tmp_path: Path) -> None:
+    env_file = tmp_path / "job.env"
+    env_file.write_text("# settings\nFROM_FILE='a b # c'\nexport OVERRIDDEN=file\n")
+    env = child_env()
+    env["COPIED"] = "from launcher"
+    code = (
+        "import os; print(os.environ['FROM_FILE'], os.environ['OVERRIDDEN'], os.environ['COPIED'])"
+    )
+    result = run_dtrain(
+        "run",
+        "-np",
+        "1",
+        "--env-file",
+        str(env_file),
+        "-x",
+        "OVERRIDDEN=cli",
+        "-x",
+        "COPIED",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        *py(code),
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert tagged(result.stdout, 0) == ["a b # c cli from launcher"]
+
+
+def test_odd_output_survives(mark: str, tmp_path: Path) -> None:
+    code = (
+        "import sys; w = sys.stdout.buffer.write\n"
+        "w(b'bar 1\\rbar 2\\rbar done\\n')\n"
+        "w(b'bad \\xff\\xfe utf8\\n')\n"
+        "w(b'x' * 1500000 + b'\\n')\n"
+        "w(b'no newline at end')\n"
+    )
+    out_dir = tmp_path / "out"
+    result = run_dtrain(
+        "run", "-np", "1", "--output-dir", str(out_dir), "-x", f"DTRAIN_TEST_MARK={mark}", *py(code)
+    )
+    assert result.returncode == 0, result.stderr
+    assert tagged(result.stdout, 0) == [
+        "bar 1",
+        "bar 2",
+        "bar done",
+        "bad \ufffd\ufffd utf8",
+        "x" * 1500000,
+        "no newline at end",
+    ]
+    raw = (out_dir / "rank.0" / "stdout").read_bytes()
+    assert raw.startswith(b"bar 1\rbar 2\rbar done\nbad \xff\xfe utf8\n")
+    assert raw.endswith(b"no newline at end")
+    assert (out_dir / "rank.0" / "stderr").read_bytes() == b""
+
+
+def test_tag_format_with_host_and_time(mark: str) -> None:
+    result = run_dtrain(
+        "run",
+        "-np",
+        "2",
+        "--tag-format",
+        "[{rank}@{host} {time}]",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "echo",
+        "hi",
+    )
+    assert result.returncode == 0
+    for line in result.stdout.splitlines():
+        tag, text = line.split("] ", 1)
+        rank_host, clock = tag[1:].split(" ")
+        assert rank_host in ("0@localhost", "1@localhost")
+        assert len(clock) == 8 and clock[2] == ":" and text == "hi"
+
+
+def test_many_lines_from_many_ranks_arrive_whole_and_in_order(mark: str) -> None:
+    ranks, lines = 8, 100_000
+    code = (
+        "import os, sys\n"
+        "r = os.environ['RANK']\n"
+        f"sys.stdout.write(''.join(f'rank {{r}} line {{i}} ' + 'y' * (i % 50) + '\\n' "
+        f"for i in range({lines})))\n"
+    )
+    result = run_dtrain(
+        "run", "-np", str(ranks), "-x", f"DTRAIN_TEST_MARK={mark}", *py(code), timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    for rank in range(ranks):
+        got = tagged(result.stdout, rank)
+        assert len(got) == lines, f"rank {rank}: {len(got)} lines"
+        assert got == [f"rank {rank} line {i} " + "y" * (i % 50) for i in range(lines)]
+    assert len(result.stdout.splitlines()) == ranks * lines
+
+
+def test_concurrent_jobs_get_different_master_ports(mark: str) -> None:
+    code = "import os, time; print(os.environ['MASTER_PORT']); time.sleep(1)"
+    jobs = [
+        start_dtrain("run", "-np", "1", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code))
+        for _ in range(3)
+    ]
+    ports = set()
+    for job in jobs:
+        out, _ = job.communicate(timeout=60)
+        ports.add(out.split()[-1])
+    assert len(ports) == 3
+
+
+def test_master_port_override_and_workdir(mark: str, tmp_path: Path) -> None:
+    code = "import os; print(os.environ['MASTER_PORT'], os.getcwd())"
+    result = run_dtrain(
+        "run",
+        "-np",
+        "1",
+        "--master-port",
+        "23456",
+        "--workdir",
+        str(tmp_path),
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        *py(code),
+    )
+    assert tagged(result.stdout, 0) == [f"23456 {tmp_path}"]
+
+
+def test_python_dash_m_launcher_is_dtrain() -> None:
+    result = run_dtrain("--help")
+    assert result.returncode == 0
+    assert "dtrain run" in result.stdout
+
+
+def test_no_heavy_imports_for_help_or_local_launch() -> None:
+    code = (
+        "import sys, io, contextlib\n"
+        "from launcher.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help']); main(['run', '--help'])\n"
+        "    main(['run', '-np', '2', 'true'])\n"
+        "heavy = ('paramiko', 'torch', 'tensorflow', 'mpi4py')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.timeout(180)
+def test_torch_gloo_allreduce_on_four_ranks(mark: str) -> None:
+    pytest.importorskip("torch")
+    result = run_dtrain(
+        "run",
+        "-np",
+        "4",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/torch_allreduce.py",
+        timeout=170,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in range(4):
+        assert f"rank {rank}/4 (local {rank}): all_reduce sum = 10 ok" in tagged(
+            result.stdout, rank
+        )
+    assert "final loss" in result.stdout and "weights identical on all 4 ranks" in result.stdout
+
+
+def test_marked_pids_sees_a_live_job(mark: str) -> None:
+    """The no-orphan checks above can fail: they do see a running job's processes."""
+    proc = start_dtrain("run", "-np", "1", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "30")
+    pids = wait_for_pids(mark, 2)
+    assert all(os.path.exists(f"/proc/{p}") for p in pids)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert marked_pids(mark) == [] or wait_until_gone(mark) == []
