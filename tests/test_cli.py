@@ -1,0 +1,177 @@
+"""The command line: dry runs, `dtrain hosts`, GPU binding, and one-line errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from launcher.command import LaunchSpec
+from launcher.console import LineView
+from launcher.hosts import Host
+from tests.conftest import REPO, child_env, py, run_dtrain, tagged
+
+
+def test_dry_run_json_is_the_plan() -> None:
+    result = run_dtrain("run", "--dry-run", "--json", "-np", "8", "-H", "a:4,b:4",
+                        "python", "train.py", "--lr", "0.1")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert [(e["rank"], e["host"], e["local_rank"], e["node_rank"]) for e in plan] == [
+        (r, "a" if r < 4 else "b", r % 4, r // 4) for r in range(8)
+    ]
+    for entry in plan:
+        assert entry["argv"] == ["python", "train.py", "--lr", "0.1"]
+        env = entry["env"]
+        assert env["RANK"] == str(entry["rank"]) and env["WORLD_SIZE"] == "8"
+        assert env["MASTER_ADDR"] == "a" and env["LOCAL_WORLD_SIZE"] == "4"
+        assert env["DTRAIN_JOB_ID"] == plan[0]["env"]["DTRAIN_JOB_ID"]
+
+
+def test_dry_run_text_shows_commands_and_environment() -> None:
+    result = run_dtrain("run", "--dry-run", "-np", "2", "--map-by", "node", "-H", "a:2,b:2",
+                        "echo", "it's")
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == "rank 0  host a  local_rank 0  node_rank 0  gpus -"
+    assert "  argv: echo 'it'\"'\"'s'" in lines
+    assert "rank 1  host b  local_rank 0  node_rank 1  gpus -" in lines
+
+
+def test_tf_config_for_every_rank() -> None:
+    result = run_dtrain("run", "--dry-run", "--json", "--tf", "-np", "3", "echo")
+    configs = [json.loads(e["env"]["TF_CONFIG"]) for e in json.loads(result.stdout)]
+    workers = configs[0]["cluster"]["worker"]
+    assert len(set(workers)) == 3 and all(w.startswith("127.0.0.1:") for w in workers)
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(3)]
+    assert all(c["cluster"] == configs[0]["cluster"] for c in configs)
+
+
+def fake_nvidia_smi(directory: Path, count: int) -> dict[str, str]:
+    smi = directory / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + "".join(f"echo {i}\n" for i in range(count)))
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    env = child_env()
+    env["PATH"] = f"{directory}{os.pathsep}{env['PATH']}"
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def test_gpus_found_by_nvidia_smi_are_bound_per_local_rank(mark: str, tmp_path: Path) -> None:
+    env = fake_nvidia_smi(tmp_path, 4)
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    result = run_dtrain("run", "-np", "2", "--gpus-per-rank", "2", "-x", f"DTRAIN_TEST_MARK={mark}",
+                        *py(code), env=env)
+    assert result.returncode == 0, result.stderr
+    assert (tagged(result.stdout, 0), tagged(result.stdout, 1)) == (["0,1"], ["2,3"])
+    no_binding = run_dtrain("run", "--dry-run", "--json", "-np", "2", "--no-gpu-binding", "true",
+                            env=env)
+    assert all("CUDA_VISIBLE_DEVICES" not in e["env"] for e in json.loads(no_binding.stdout))
+    too_many = run_dtrain("run", "-np", "5", "true", env=env)
+    assert too_many.returncode == 2
+    assert "host localhost has 4 GPU(s)" in too_many.stderr
+
+
+def test_default_np_is_one_per_local_gpu(tmp_path: Path) -> None:
+    result = run_dtrain("run", "--dry-run", "--json", "true", env=fake_nvidia_smi(tmp_path, 3))
+    assert [e["env"]["CUDA_VISIBLE_DEVICES"] for e in json.loads(result.stdout)] == ["0", "1", "2"]
+
+
+def test_hostfile_gpus_and_hosts_command(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# two hosts\nlocalhost slots=2 gpus=4,5\nnode9 slots=1\n")
+    shown = run_dtrain("hosts", "--hostfile", str(hostfile))
+    assert shown.returncode == 0
+    assert shown.stdout.splitlines() == [
+        "host       user  slots  max_slots  gpus",
+        "localhost  -     2      -          4,5",
+        "node9      -     1      -          -",
+        "2 hosts, 3 slots",
+    ]
+    as_json = json.loads(run_dtrain("hosts", "-H", "a:2,root@b", "--json").stdout)
+    assert as_json == [
+        {"host": "a", "user": None, "slots": 2, "max_slots": None, "gpus": None},
+        {"host": "b", "user": "root", "slots": 1, "max_slots": None, "gpus": None},
+    ]
+    plan = json.loads(run_dtrain("run", "--dry-run", "--json", "--hostfile", str(hostfile),
+                                 "-np", "2", "true").stdout)
+    assert [e["gpus"] for e in plan] == [["4"], ["5"]]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "-np", "9", "-H", "a:4,b:4", "true"],
+         "dtrain: error: -np 9 is more than the 8 slots of a:4, b:4 (hint: lower -np, add slots "
+         "to the hosts, or pass --oversubscribe)"),
+        (["run", "--hostfile", "/nonexistent/hosts", "true"],
+         "dtrain: error: --hostfile /nonexistent/hosts: no such file (hint: check the path)"),
+        (["run", "-H", "a:x", "true"], "dtrain: error: -H 'a:x': slots must be a positive integer"),
+        (["run", "--bogus", "true"], "dtrain: error: No such option '--bogus'"),
+        (["run", "-np", "two", "true"], "dtrain: error: Invalid value for '-np'"),
+        (["run", "-np", "2"], "dtrain: error: Missing argument 'COMMAND...'"),
+        (["run", "--json", "true"], "dtrain: error: --json needs --dry-run"),
+        (["run", "--tag-format", "{nope}", "true"], "dtrain: error: --tag-format '{nope}': "
+         "unknown field {nope}"),
+        (["run", "-x", "UNSET_VARIABLE_XYZ", "true"], "dtrain: error: -x UNSET_VARIABLE_XYZ: "
+         "UNSET_VARIABLE_XYZ is not set in dtrain's environment"),
+        (["run", "--env-file", "/nonexistent.env", "true"], "dtrain: error: --env-file "
+         "/nonexistent.env: no such file"),
+        (["run", "-H", "a", "--hostfile", "h", "true"], "dtrain: error: both -H and --hostfile"),
+        (["run", "--workdir", "/nonexistent-dir", "true"], "dtrain: error: --workdir "
+         "/nonexistent-dir: no such directory"),
+        (["run", "-H", "remote-host-xyz", "true"], "dtrain: error: host remote-host-xyz is not "
+         "this machine"),
+        (["nosuchcommand"], "dtrain: error: No such command 'nosuchcommand'"),
+    ],
+)
+def test_user_mistakes_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = run_dtrain(*args)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(message)
+    assert "hint" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_hostfile_error_names_file_and_line(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\n\nnode2 slots=x\n")
+    result = run_dtrain("hosts", "--hostfile", str(hostfile))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"dtrain: error: {hostfile}:3: 'node2 slots=x': slots must be")
+
+
+def test_every_documented_hostfile_parses() -> None:
+    for path in sorted((REPO / "hostfiles").glob("*.txt")):
+        assert run_dtrain("hosts", "--hostfile", str(path)).returncode == 0, path
+
+
+def line_view(color: bool, tag: str = "[{rank}]") -> tuple[LineView, io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    view = LineView(out, err, tag_format=tag, color=color, color_system="256", clock=lambda: 0.0)
+    return view, out, err
+
+
+def test_line_view_plain_and_coloured() -> None:
+    spec = LaunchSpec(rank=3, host=Host("n1"), local_rank=1, argv=("x",), env={})
+    plain, out, err = line_view(False)
+    plain.show(spec, "stdout", [b"hello", b"\xff"])
+    plain.show(spec, "stderr", [b"oops"])
+    assert out.getvalue() == "[3] hello\n[3] \ufffd\n"
+    assert err.getvalue() == "[3]<stderr> oops\n"
+    coloured, out, _ = line_view(True)
+    coloured.show(spec, "stdout", [b"hello"])
+    assert out.getvalue().startswith("\x1b[") and out.getvalue().endswith("[3]\x1b[0m hello\n")
+
+
+def test_piped_output_has_no_colour(mark: str) -> None:
+    result = run_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "echo", "x")
+    assert "\x1b[" not in result.stdout
+    forced = run_dtrain("run", "-np", "1", "--color", "-x", f"DTRAIN_TEST_MARK={mark}", "echo", "x")
+    assert "\x1b[" in forced.stdout
