@@ -17,8 +17,19 @@ from tests.conftest import REPO, child_env, py, run_dtrain, tagged
 
 
 def test_dry_run_json_is_the_plan() -> None:
-    result = run_dtrain("run", "--dry-run", "--json", "-np", "8", "-H", "a:4,b:4",
-                        "python", "train.py", "--lr", "0.1")
+    result = run_dtrain(
+        "run",
+        "--dry-run",
+        "--json",
+        "-np",
+        "8",
+        "-H",
+        "a:4,b:4",
+        "python",
+        "train.py",
+        "--lr",
+        "0.1",
+    )
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert [(e["rank"], e["host"], e["local_rank"], e["node_rank"]) for e in plan] == [
@@ -33,8 +44,9 @@ def test_dry_run_json_is_the_plan() -> None:
 
 
 def test_dry_run_text_shows_commands_and_environment() -> None:
-    result = run_dtrain("run", "--dry-run", "-np", "2", "--map-by", "node", "-H", "a:2,b:2",
-                        "echo", "it's")
+    result = run_dtrain(
+        "run", "--dry-run", "-np", "2", "--map-by", "node", "-H", "a:2,b:2", "echo", "it's"
+    )
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert lines[0] == "rank 0  host a  local_rank 0  node_rank 0  gpus -"
@@ -64,12 +76,22 @@ def fake_nvidia_smi(directory: Path, count: int) -> dict[str, str]:
 def test_gpus_found_by_nvidia_smi_are_bound_per_local_rank(mark: str, tmp_path: Path) -> None:
     env = fake_nvidia_smi(tmp_path, 4)
     code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
-    result = run_dtrain("run", "-np", "2", "--gpus-per-rank", "2", "-x", f"DTRAIN_TEST_MARK={mark}",
-                        *py(code), env=env)
+    result = run_dtrain(
+        "run",
+        "-np",
+        "2",
+        "--gpus-per-rank",
+        "2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        *py(code),
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     assert (tagged(result.stdout, 0), tagged(result.stdout, 1)) == (["0,1"], ["2,3"])
-    no_binding = run_dtrain("run", "--dry-run", "--json", "-np", "2", "--no-gpu-binding", "true",
-                            env=env)
+    no_binding = run_dtrain(
+        "run", "--dry-run", "--json", "-np", "2", "--no-gpu-binding", "true", env=env
+    )
     assert all("CUDA_VISIBLE_DEVICES" not in e["env"] for e in json.loads(no_binding.stdout))
     too_many = run_dtrain("run", "-np", "5", "true", env=env)
     assert too_many.returncode == 2
@@ -97,35 +119,53 @@ def test_hostfile_gpus_and_hosts_command(tmp_path: Path) -> None:
         {"host": "a", "user": None, "slots": 2, "max_slots": None, "gpus": None},
         {"host": "b", "user": "root", "slots": 1, "max_slots": None, "gpus": None},
     ]
-    plan = json.loads(run_dtrain("run", "--dry-run", "--json", "--hostfile", str(hostfile),
-                                 "-np", "2", "true").stdout)
+    plan = json.loads(
+        run_dtrain(
+            "run", "--dry-run", "--json", "--hostfile", str(hostfile), "-np", "2", "true"
+        ).stdout
+    )
     assert [e["gpus"] for e in plan] == [["4"], ["5"]]
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["run", "-np", "9", "-H", "a:4,b:4", "true"],
-         "dtrain: error: -np 9 is more than the 8 slots of a:4, b:4 (hint: lower -np, add slots "
-         "to the hosts, or pass --oversubscribe)"),
-        (["run", "--hostfile", "/nonexistent/hosts", "true"],
-         "dtrain: error: --hostfile /nonexistent/hosts: no such file (hint: check the path)"),
+        (
+            ["run", "-np", "9", "-H", "a:4,b:4", "true"],
+            "dtrain: error: -np 9 is more than the 8 slots of a:4, b:4 (hint: lower -np, add slots "
+            "to the hosts, or pass --oversubscribe)",
+        ),
+        (
+            ["run", "--hostfile", "/nonexistent/hosts", "true"],
+            "dtrain: error: --hostfile /nonexistent/hosts: no such file (hint: check the path)",
+        ),
         (["run", "-H", "a:x", "true"], "dtrain: error: -H 'a:x': slots must be a positive integer"),
         (["run", "--bogus", "true"], "dtrain: error: No such option '--bogus'"),
         (["run", "-np", "two", "true"], "dtrain: error: Invalid value for '-np'"),
         (["run", "-np", "2"], "dtrain: error: Missing argument 'COMMAND...'"),
         (["run", "--json", "true"], "dtrain: error: --json needs --dry-run"),
-        (["run", "--tag-format", "{nope}", "true"], "dtrain: error: --tag-format '{nope}': "
-         "unknown field {nope}"),
-        (["run", "-x", "UNSET_VARIABLE_XYZ", "true"], "dtrain: error: -x UNSET_VARIABLE_XYZ: "
-         "UNSET_VARIABLE_XYZ is not set in dtrain's environment"),
-        (["run", "--env-file", "/nonexistent.env", "true"], "dtrain: error: --env-file "
-         "/nonexistent.env: no such file"),
+        (
+            ["run", "--tag-format", "{nope}", "true"],
+            "dtrain: error: --tag-format '{nope}': unknown field {nope}",
+        ),
+        (
+            ["run", "-x", "UNSET_VARIABLE_XYZ", "true"],
+            "dtrain: error: -x UNSET_VARIABLE_XYZ: "
+            "UNSET_VARIABLE_XYZ is not set in dtrain's environment",
+        ),
+        (
+            ["run", "--env-file", "/nonexistent.env", "true"],
+            "dtrain: error: --env-file /nonexistent.env: no such file",
+        ),
         (["run", "-H", "a", "--hostfile", "h", "true"], "dtrain: error: both -H and --hostfile"),
-        (["run", "--workdir", "/nonexistent-dir", "true"], "dtrain: error: --workdir "
-         "/nonexistent-dir: no such directory"),
-        (["run", "-H", "remote-host-xyz", "true"], "dtrain: error: host remote-host-xyz is not "
-         "this machine"),
+        (
+            ["run", "--workdir", "/nonexistent-dir", "true"],
+            "dtrain: error: --workdir /nonexistent-dir: no such directory",
+        ),
+        (
+            ["run", "-H", "remote-host-xyz", "true"],
+            "dtrain: error: host remote-host-xyz is not this machine",
+        ),
         (["nosuchcommand"], "dtrain: error: No such command 'nosuchcommand'"),
     ],
 )
