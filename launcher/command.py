@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -66,3 +67,17 @@ def describe_specs(specs: Sequence[LaunchSpec]) -> list[dict[str, object]]:
         }
         for s in specs
     ]
+
+
+def build_remote_command(python: str, args: Sequence[str]) -> str:
+    """A POSIX shell command running ``python args`` on a remote host.
+
+    ``python`` (the launcher's interpreter) is used where that path exists on
+    the host, else the first ``python3`` on its PATH.
+    """
+    quoted = " ".join(shlex.quote(a) for a in args)
+    return (
+        f'p={shlex.quote(python)}; [ -x "$p" ] || p=$(command -v python3) || '
+        "{ echo 'dtrain: no python3 on PATH' >&2; exit 127; }; "
+        f'exec "$p" {quoted}'
+    )

@@ -10,8 +10,12 @@ and makes sure nothing of it outlives the launcher (DESIGN.md rule 4):
 * it exits with the program's status; a program killed by a signal is
   mirrored by the watchdog dying from the same signal.
 
-Stdlib only and self-contained: it is also sent as ``python -c`` text to
-remote hosts that do not have dtrain installed.
+Stdlib only and self-contained: over SSH it travels as text on stdin
+(``BOOTSTRAP`` below), followed by the rank's spec as JSON (argv,
+environment, working directory), so remote hosts need no dtrain and the
+environment never meets the command line's length limit or sshd's
+AcceptEnv.  In that mode the final status is reported on stderr as
+``STATUS_MARK<status>\n`` (sshd's exit-signal does not reach paramiko).
 """
 
 import os
@@ -22,6 +26,38 @@ import time
 
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.05
+STATUS_MARK = b"\0DTRAIN_STATUS:"
+LENGTH_DIGITS = 10
+
+# ``python -c BOOTSTRAP`` reads a length-prefixed program from stdin and runs it.
+BOOTSTRAP = (
+    "import os\n"
+    "def read_exact(n):\n"
+    "    b = b''\n"
+    "    while len(b) < n:\n"
+    "        c = os.read(0, n - len(b))\n"
+    "        if not c:\n"
+    "            os._exit(1)\n"
+    "        b += c\n"
+    "    return b\n"
+    "exec(compile(read_exact(int(read_exact(10))), 'dtrain-watchdog', 'exec'),"
+    " {'__name__': '__dtrain_remote__'})\n"
+)
+
+
+def frame(payload: bytes) -> bytes:
+    """``payload`` prefixed by its length, as ``read_exact`` expects it."""
+    return b"%010d" % len(payload) + payload
+
+
+def read_exact(n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            os._exit(1)
+        data += chunk
+    return data
 
 
 def ignore(signum: int, frame: object) -> None:
@@ -125,8 +161,16 @@ def start_program(argv: list[str]) -> int:
     return 0  # not reached
 
 
-def exit_like(status: int) -> None:
-    """Exit with the program's wait status: same code, or death by the same signal."""
+def exit_like(status: int, report: bool) -> None:
+    """Exit with the program's wait status: same code, or death by the same signal.
+
+    With ``report``, the status is also written on stderr (signals as -N)
+    and a signal death becomes exit code 128 + N.
+    """
+    if report:
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
+        os.write(2, STATUS_MARK + str(code).encode() + b"\n")
+        os._exit(128 - code if code < 0 else code)
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         try:
@@ -147,8 +191,29 @@ def main(args: list[str]) -> None:
     if len(args) < 3 or args[1] != "--":
         os.write(2, b"usage: watchdog.py GRACE_S -- PROGRAM [ARGS...]\n")
         os._exit(2)
-    grace_s = float(args[0])
-    argv = args[2:]
+    watch(args[2:], float(args[0]), report=False)
+
+
+def main_remote() -> None:
+    """Spec from stdin: {"argv", "env", "unset", "cwd", "path_prefix", "grace_s"}."""
+    import json
+
+    spec = json.loads(read_exact(int(read_exact(LENGTH_DIGITS))))
+    for name in spec.get("unset", ()):
+        os.environ.pop(name, None)
+    os.environ.update(spec.get("env", {}))
+    if spec.get("path_prefix"):
+        os.environ["PATH"] = spec["path_prefix"] + os.pathsep + os.environ.get("PATH", "")
+    if spec.get("cwd"):
+        try:
+            os.chdir(spec["cwd"])
+        except OSError as exc:
+            os.write(2, f"dtrain: cannot enter {spec['cwd']}: {exc.strerror}\n".encode())
+            exit_like(2 << 8, report=True)
+    watch(spec["argv"], float(spec["grace_s"]), report=True)
+
+
+def watch(argv: list[str], grace_s: float, report: bool) -> None:
     if os.getsid(0) != os.getpid():
         os.setsid()
     pgid = os.getpgid(0)
@@ -162,8 +227,10 @@ def main(args: list[str]) -> None:
         if pid == child:
             break
     end_leftovers(pgid, grace_s)
-    exit_like(status)
+    exit_like(status, report)
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+elif __name__ == "__dtrain_remote__":
+    main_remote()

@@ -1,0 +1,109 @@
+"""What a host looks like from the inside: ``python -I -c PROBE_SOURCE JSON_ARGS``.
+
+Stdlib only and self-contained (sent as text over SSH).  Prints one JSON
+object: hostname, Python, working directory and program found or not, free
+ports, GPUs (nvidia-smi), the clock, and with ``versions`` the installed
+versions of the frameworks dtrain launches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+PACKAGES = {
+    "dtrain": ("dtrain",),
+    "torch": ("torch",),
+    "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-gpu"),
+    "mpi4py": ("mpi4py",),
+}
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def gpus() -> list[dict[str, str]]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [
+                smi,
+                "--query-gpu=index,name,utilization.gpu,memory.used",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for line in out.stdout.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 4:
+            found.append(dict(zip(("index", "name", "utilization", "memory_mib"), fields)))  # noqa: B905 (runs on old Pythons too)
+    return found
+
+
+def versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    result: dict[str, str | None] = {}
+    for name, distributions in PACKAGES.items():
+        result[name] = None
+        for dist in distributions:
+            try:
+                result[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return result
+
+
+def find_program(program: str, cwd: str, path: str) -> str | None:
+    if "/" in program:
+        target = os.path.join(cwd, program)
+        return target if os.path.exists(target) else None
+    return shutil.which(program, path=path)
+
+
+def probe(args: dict) -> dict:  # type: ignore[type-arg]
+    cwd = args.get("cwd") or os.getcwd()
+    path = (args.get("path_prefix") or "") + os.pathsep + os.environ.get("PATH", "")
+    report = {
+        "hostname": socket.gethostname(),
+        "python": sys.executable,
+        "python_version": ".".join(map(str, sys.version_info[:3])),
+        "cwd": cwd,
+        "cwd_ok": os.path.isdir(cwd),
+        "ports": free_ports(int(args.get("ports", 1))),
+        "gpus": gpus(),
+        "time": time.time(),
+    }
+    if args.get("program"):
+        report["program"] = find_program(args["program"], cwd, path)
+    if args.get("versions"):
+        report["versions"] = versions()
+    return report
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})))

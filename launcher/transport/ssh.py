@@ -1,0 +1,458 @@
+"""Ranks on other machines, over SSH with paramiko (imported only when a host is remote).
+
+One connection per host, opened in parallel before any rank starts.  Each
+rank runs on its own channel as the watchdog (sent as text on stdin, see
+``launcher/watchdog.py``), so the remote process group dies with the
+connection, and signals travel as lines on the channel's stdin (SSH itself
+cannot deliver them).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import signal
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from launcher import probe, watchdog
+from launcher.command import LaunchSpec, build_remote_command
+from launcher.errors import HostConnectionError
+from launcher.hosts import Host
+from launcher.transport.base import Stream
+
+KEEPALIVE_S = 15
+DEFAULT_FANOUT = 32
+STATUS_WAIT_S = 5.0
+WATCHDOG_SOURCE = Path(watchdog.__file__).read_bytes()
+PROBE_SOURCE = Path(probe.__file__).read_text()
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How dtrain reaches hosts: the ssh command-line options a user would give."""
+
+    config_file: str | None = None  # None: ~/.ssh/config when it exists
+    port: int | None = None
+    identity: str | None = None
+    timeout_s: float = 10.0
+    accept_new_host_keys: bool = False
+    fanout: int = DEFAULT_FANOUT
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """A host as ssh would reach it, after ~/.ssh/config."""
+
+    alias: str
+    hostname: str
+    port: int
+    user: str
+    identities: tuple[str, ...] = ()
+    proxy_jump: str | None = None
+    proxy_command: str | None = None
+    known_hosts: tuple[str, ...] = ()
+    accept_new: bool = False
+
+
+def load_ssh_config(settings: SshSettings) -> paramiko.SSHConfig:
+    path = Path(settings.config_file or "~/.ssh/config").expanduser()
+    if settings.config_file and not path.is_file():
+        raise HostConnectionError(
+            f"--ssh-config {settings.config_file}: no such file", "check the path"
+        )
+    if not path.is_file():
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(str(path))
+    except (OSError, paramiko.SSHException, ValueError) as exc:
+        raise HostConnectionError(
+            f"{path}: cannot read the ssh config: {exc}", "fix the file"
+        ) from None
+
+
+def resolve_target(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> SshTarget:
+    """Apply ~/.ssh/config (HostName, Port, User, IdentityFile, ProxyJump...) to a host."""
+    entry: dict[str, Any] = dict(config.lookup(host.name))
+    identities = [settings.identity] if settings.identity else []
+    identities += [str(Path(p).expanduser()) for p in entry.get("identityfile", [])]
+    known = entry.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2")
+    strict = str(entry.get("stricthostkeychecking", "")).lower()
+    return SshTarget(
+        alias=host.name,
+        hostname=entry.get("hostname", host.name),
+        port=settings.port or int(entry.get("port", 22)),
+        user=host.user or entry.get("user") or getpass.getuser(),
+        identities=tuple(identities),
+        proxy_jump=entry.get("proxyjump"),
+        proxy_command=entry.get("proxycommand"),
+        known_hosts=tuple(str(Path(p).expanduser()) for p in known.split()),
+        accept_new=settings.accept_new_host_keys or strict in ("accept-new", "no", "off"),
+    )
+
+
+class UnknownHostKeyError(paramiko.SSHException):
+    def __init__(self, hostname: str) -> None:
+        super().__init__(hostname)
+        self.hostname = hostname
+
+
+class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Unknown keys are refused, or (trust on first use) recorded in known_hosts."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.target = target
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        if not self.target.accept_new:
+            raise UnknownHostKeyError(hostname)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        path = Path(self.target.known_hosts[0] if self.target.known_hosts else "~/.ssh/known_hosts")
+        path = path.expanduser()
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(path, "a", encoding="ascii") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+@dataclass
+class SshConnection:
+    host: Host
+    target: SshTarget
+    client: paramiko.SSHClient
+    jump: SshConnection | None = None
+    peer_address: str = ""
+    local_address: str = ""
+
+    def open_channel(self, command: str, timeout_s: float) -> paramiko.Channel:
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostConnectionError(f"{self.host.name}: the SSH connection was lost")
+        channel = transport.open_session(timeout=timeout_s)
+        channel.exec_command(command)
+        return channel
+
+    def run(self, command: str, timeout_s: float, stdin: bytes = b"") -> tuple[int, str, str]:
+        """Run a short command; (exit status, stdout, stderr)."""
+        channel = self.open_channel(command, timeout_s)
+        channel.settimeout(timeout_s)
+        if stdin:
+            channel.sendall(stdin)
+        channel.shutdown_write()
+        out, err = bytearray(), bytearray()
+        try:
+            while not (
+                channel.exit_status_ready()
+                and not channel.recv_ready()
+                and not channel.recv_stderr_ready()
+            ):
+                if channel.recv_ready():
+                    out += channel.recv(65536)
+                elif channel.recv_stderr_ready():
+                    err += channel.recv_stderr(65536)
+                else:
+                    chunk = channel.recv(65536)
+                    if not chunk:
+                        break
+                    out += chunk
+            err += drain(channel.recv_stderr, channel.recv_stderr_ready)
+        except TimeoutError:
+            raise HostConnectionError(
+                f"{self.host.name}: no answer from a command within {timeout_s:g}s",
+                "check the host's load, or raise --ssh-timeout",
+            ) from None
+        status = channel.recv_exit_status()
+        channel.close()
+        return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        self.client.close()
+        if self.jump is not None:
+            self.jump.close()
+
+
+def drain(read: Callable[[int], bytes], ready: Callable[[], bool]) -> bytes:
+    data = bytearray()
+    while ready():
+        data += read(65536)
+    return bytes(data)
+
+
+def connect(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> SshConnection:
+    """Connect and authenticate, or raise one HostConnectionError naming the host and cause."""
+    target = resolve_target(host, settings, config)
+    where = f"{host.name}" if target.hostname == host.name else f"{host.name} ({target.hostname})"
+    jump: SshConnection | None = None
+    try:
+        sock: Any = None
+        if target.proxy_jump and target.proxy_jump.lower() != "none":
+            from launcher.hosts import parse_host_list
+
+            jump_host = parse_host_list(target.proxy_jump.split(",")[0], source="ProxyJump")[0]
+            jump = connect(jump_host, settings, config)
+            jump_transport = jump.client.get_transport()
+            assert jump_transport is not None
+            sock = jump_transport.open_channel(
+                "direct-tcpip",
+                (target.hostname, target.port),
+                ("127.0.0.1", 0),
+                timeout=settings.timeout_s,
+            )
+        elif target.proxy_command:
+            sock = paramiko.ProxyCommand(target.proxy_command)
+        client = paramiko.SSHClient()
+        for path in target.known_hosts:
+            if Path(path).is_file():
+                client.load_system_host_keys(path)
+        client.set_missing_host_key_policy(HostKeyPolicy(target))
+        client.connect(
+            target.hostname,
+            port=target.port,
+            username=target.user,
+            key_filename=list(target.identities) or None,  # type: ignore[arg-type]  # a list works
+            timeout=settings.timeout_s,
+            banner_timeout=settings.timeout_s,
+            auth_timeout=settings.timeout_s,
+            channel_timeout=settings.timeout_s,
+            sock=sock,
+        )
+    except UnknownHostKeyError as exc:
+        raise HostConnectionError(
+            f"{where}: host key unknown ({exc.hostname} is not in "
+            f"{', '.join(target.known_hosts) or 'known_hosts'})",
+            f"check it, then 'ssh-keyscan -p {target.port} {target.hostname} "
+            ">> ~/.ssh/known_hosts', or pass --accept-new-host-keys to trust and record it",
+        ) from None
+    except paramiko.BadHostKeyException:
+        raise HostConnectionError(
+            f"{where}: host key CHANGED: it does not match known_hosts (a reinstalled host, "
+            "or someone in between)",
+            f"if the change is expected, 'ssh-keygen -R {target.hostname}' and connect again",
+        ) from None
+    except paramiko.AuthenticationException as exc:
+        raise HostConnectionError(
+            f"{where}: authentication failed for user {target.user}: {exc}",
+            "check the key (--ssh-identity, IdentityFile in ~/.ssh/config, ssh-agent) "
+            "and the host's authorized_keys",
+        ) from None
+    except socket.gaierror:
+        raise HostConnectionError(
+            f"{where}: cannot resolve the host name",
+            "check the name or its HostName in ~/.ssh/config",
+        ) from None
+    except TimeoutError:
+        raise HostConnectionError(
+            f"{where}: no answer on port {target.port} within {settings.timeout_s:g}s",
+            "check that the host is up and reachable, or raise --ssh-timeout",
+        ) from None
+    except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError):
+        raise HostConnectionError(
+            f"{where}: connection refused on port {target.port}",
+            "check that sshd runs there and the port (--ssh-port, Port in ~/.ssh/config)",
+        ) from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise HostConnectionError(f"{where}: SSH failed: {exc or type(exc).__name__}") from None
+    transport = client.get_transport()
+    assert transport is not None
+    transport.set_keepalive(KEEPALIVE_S)
+    peer, local = address_pair(transport)
+    return SshConnection(
+        host, target, client, jump, peer_address=peer or target.hostname, local_address=local
+    )
+
+
+def address_pair(transport: paramiko.Transport) -> tuple[str, str]:
+    """(peer address, our address) of a direct TCP connection; empty through a proxy."""
+    sock = transport.sock
+    if isinstance(sock, socket.socket):
+        return str(sock.getpeername()[0]), str(sock.getsockname()[0])
+    return "", ""
+
+
+def connect_all(
+    hosts: Sequence[Host], settings: SshSettings, config: paramiko.SSHConfig
+) -> dict[str, SshConnection]:
+    """Connect to every host in parallel; all or nothing."""
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(settings.fanout, len(hosts))) as pool:
+        futures = {h.name: pool.submit(connect, h, settings, config) for h in hosts}
+    connections: dict[str, SshConnection] = {}
+    errors: list[HostConnectionError] = []
+    for name, future in futures.items():
+        try:
+            connections[name] = future.result()
+        except HostConnectionError as exc:
+            errors.append(exc)
+    if errors:
+        for connection in connections.values():
+            connection.close()
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more host(s) failed)" if len(errors) > 1 else ""
+        raise HostConnectionError(first.message + more, first.hint)
+    return connections
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """What ``probe.py`` found on a host."""
+
+    hostname: str
+    python: str
+    python_version: str
+    cwd_ok: bool
+    ports: tuple[int, ...]
+    gpus: tuple[dict[str, str], ...]
+    time: float
+    program: str | None = None
+    versions: Mapping[str, str | None] = field(default_factory=dict)
+
+
+def probe_host(
+    connection: SshConnection,
+    python: str,
+    args: Mapping[str, object],
+    timeout_s: float,
+) -> HostReport:
+    command = build_remote_command(python, ["-I", "-c", PROBE_SOURCE, json.dumps(dict(args))])
+    status, out, err = connection.run(command, timeout_s)
+    name = connection.host.name
+    if status != 0:
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        raise HostConnectionError(
+            f"{name}: cannot run Python there ({last})",
+            "install python3 on the host, or make the same interpreter path exist there",
+        )
+    try:
+        data = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise HostConnectionError(
+            f"{name}: unexpected answer from the host probe: {out[:200]!r}"
+        ) from None
+    return HostReport(
+        hostname=data["hostname"],
+        python=data["python"],
+        python_version=data["python_version"],
+        cwd_ok=data["cwd_ok"],
+        ports=tuple(data["ports"]),
+        gpus=tuple(data["gpus"]),
+        time=data["time"],
+        program=data.get("program"),
+        versions=data.get("versions", {}),
+    )
+
+
+class SshProcess:
+    """A rank on a remote host: one channel running the watchdog."""
+
+    def __init__(self, spec: LaunchSpec, channel: paramiko.Channel) -> None:
+        self.spec = spec
+        self.pid = 0  # remote; the watchdog owns it
+        self.channel = channel
+        self.lock = threading.Lock()
+        self.status: int | None = None
+        self.stderr_done = threading.Event()
+        self.stderr_held = b""
+        self.killed = False
+
+    def read(self, stream: Stream, size: int) -> bytes:
+        if stream == "stdout":
+            return bytes(self.channel.recv(size))
+        return self.read_stderr(size)
+
+    def read_stderr(self, size: int) -> bytes:
+        """stderr without the watchdog's status trailer (parsed into ``status``)."""
+        while True:
+            chunk = bytes(self.channel.recv_stderr(size))
+            if not chunk:
+                held, self.stderr_held = self.stderr_held, b""
+                self.stderr_done.set()
+                return held
+            data = self.stderr_held + chunk
+            mark = data.find(watchdog.STATUS_MARK[:1])
+            if mark < 0:
+                self.stderr_held = b""
+                return data
+            tail = data[mark:]
+            if tail.startswith(watchdog.STATUS_MARK) and tail.endswith(b"\n"):
+                self.status = int(tail[len(watchdog.STATUS_MARK) : -1])
+                self.stderr_held = b""
+            elif watchdog.STATUS_MARK.startswith(tail[: len(watchdog.STATUS_MARK)]):
+                self.stderr_held = tail  # maybe the start of the trailer: wait for more
+            else:
+                self.stderr_held = b""
+                return data
+            if data[:mark]:
+                return data[:mark]
+
+    def wait(self) -> int:
+        code = self.channel.recv_exit_status()
+        self.stderr_done.wait(STATUS_WAIT_S)
+        if self.status is not None:
+            return self.status
+        if code == -1:  # no status: the watchdog died with its group, or the connection did
+            return -signal.SIGKILL if self.killed else 255
+        return code
+
+    def signal(self, signum: int) -> None:
+        with self.lock:
+            if signum == signal.SIGKILL:
+                self.killed = True
+            if self.channel.closed or self.channel.exit_status_ready():
+                return
+            try:
+                self.channel.sendall(f"{signum}\n".encode())
+            except (OSError, paramiko.SSHException):
+                pass
+
+
+class SshTransport:
+    """Starts ranks on connected hosts; closing it drops the connections (and so the ranks)."""
+
+    def __init__(
+        self,
+        connections: Mapping[str, SshConnection],
+        grace_s: float,
+        python: str,
+        path_prefix: str | None,
+        timeout_s: float,
+    ) -> None:
+        self.connections = dict(connections)
+        self.grace_s = grace_s
+        self.python = python
+        self.path_prefix = path_prefix
+        self.timeout_s = timeout_s
+
+    def start(self, spec: LaunchSpec) -> SshProcess:
+        connection = self.connections[spec.host.name]
+        command = build_remote_command(self.python, ["-I", "-S", "-c", watchdog.BOOTSTRAP])
+        try:
+            channel = connection.open_channel(command, self.timeout_s)
+            remote_spec = {
+                "argv": list(spec.argv),
+                "env": dict(spec.env),
+                "unset": list(spec.env_unset),
+                "cwd": spec.cwd,
+                "path_prefix": self.path_prefix,
+                "grace_s": self.grace_s,
+            }
+            channel.sendall(
+                watchdog.frame(WATCHDOG_SOURCE) + watchdog.frame(json.dumps(remote_spec).encode())
+            )
+        except (paramiko.SSHException, OSError) as exc:
+            raise HostConnectionError(
+                f"{spec.host.name}: cannot start rank {spec.rank}: {exc}"
+            ) from None
+        return SshProcess(spec, channel)
+
+    def close(self) -> None:
+        for connection in self.connections.values():
+            connection.close()
