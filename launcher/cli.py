@@ -10,21 +10,23 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from launcher.errors import LauncherError, UsageError
+from launcher.errors import HostConnectionError, LauncherError, UsageError
 
 if TYPE_CHECKING:
-    from launcher.command import LaunchSpec
     from launcher.hosts import Host
     from launcher.plan import Plan
 
+T = TypeVar("T")
 DEFAULT_GRACE_S = 5.0
+DEFAULT_TAG = "[{rank}]"
+HOST_TAG = "[{rank}@{host}]"  # when the job spans several hosts
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, shown by dry runs of remote jobs
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -56,6 +58,39 @@ def host_options(command: Any) -> Any:
         metavar="FILE",
         help="Hostfile (Open MPI/DeepSpeed 'host slots=N', Horovod/MPICH 'host:N', one per line).",
     )(command)
+
+
+def ssh_options(command: Any) -> Any:
+    """The ssh flags a user would give ssh itself; ~/.ssh/config supplies the rest."""
+    for decorator in reversed(
+        [
+            click.option(
+                "--ssh-config", metavar="FILE", help="ssh config file (default ~/.ssh/config)."
+            ),
+            click.option(
+                "--ssh-port",
+                type=click.IntRange(1, 65535),
+                metavar="PORT",
+                help="SSH port for every host (overrides the config).",
+            ),
+            click.option("--ssh-identity", metavar="KEY", help="Private key to log in with."),
+            click.option(
+                "--ssh-timeout",
+                type=click.FloatRange(0.1),
+                default=10.0,
+                show_default=True,
+                metavar="SECONDS",
+                help="Connect timeout per host.",
+            ),
+            click.option(
+                "--accept-new-host-keys",
+                is_flag=True,
+                help="Trust hosts not yet in known_hosts and record their keys.",
+            ),
+        ]
+    ):
+        command = decorator(command)
+    return command
 
 
 @cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
@@ -117,8 +152,7 @@ def host_options(command: Any) -> Any:
 )
 @click.option(
     "--tag-format",
-    default="[{rank}]",
-    show_default=True,
+    default=None,
     metavar="FORMAT",
     help="Tag of each output line; fields {rank} {host} {local_rank} {node_rank} {role} {time}.",
 )
@@ -132,6 +166,7 @@ def host_options(command: Any) -> Any:
     "--dry-run", is_flag=True, help="Print the plan (ranks, commands, environment); start nothing."
 )
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@ssh_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(**options: Any) -> int:
     """Run COMMAND as N ranks over the hosts, with torch.distributed variables set."""
@@ -212,11 +247,16 @@ class RunOptions:
     tf_config: bool = False
     workdir: str | None = None
     grace: float = DEFAULT_GRACE_S
-    tag_format: str = "[{rank}]"
+    tag_format: str | None = None
     output_dir: str | None = None
     color: bool | None = None
     dry_run: bool = False
     as_json: bool = False
+    ssh_config: str | None = None
+    ssh_port: int | None = None
+    ssh_identity: str | None = None
+    ssh_timeout: float = 10.0
+    accept_new_host_keys: bool = False
 
 
 def read_hosts(
@@ -239,6 +279,114 @@ def read_hosts(
     return [Host("localhost", slots=default_slots or 1)]
 
 
+@dataclass
+class Site:
+    """Where the job runs, as found before anything starts."""
+
+    local: dict[str, bool]  # host name -> is this machine
+    ports: dict[str, list[int]]  # host name -> TCP ports free there
+    gpus: dict[str, tuple[str, ...]]  # host name -> GPU ids found there
+    addresses: dict[str, str]  # host name -> address the other ranks reach it by
+    connections: dict[str, Any]  # host name -> SshConnection (remote hosts only)
+
+
+def survey_hosts(plan: Plan, options: RunOptions, environ: Mapping[str, str], workdir: str) -> Site:
+    """Decide local or remote by address; connect to and probe remote hosts (not in dry runs)."""
+    from launcher.transport.local import detect_local_gpus, find_free_ports, is_local_address
+
+    local = {h.name: is_local_address(h.name) for h in plan.hosts}
+    remote_hosts = [h for h in plan.hosts if not local[h.name]]
+    settings = config = None
+    if remote_hosts:
+        from launcher.transport.ssh import load_ssh_config, resolve_target
+
+        settings = ssh_settings(options)
+        config = load_ssh_config(settings)
+        for host in remote_hosts:  # an ssh alias of this machine is local too
+            local[host.name] = is_local_address(resolve_target(host, settings, config).hostname)
+        remote_hosts = [h for h in remote_hosts if not local[h.name]]
+    ranks_on = {h.name: sum(1 for r in plan.ranks if r.host.name == h.name) for h in plan.hosts}
+    local_names = [name for name, is_local in local.items() if is_local]
+    all_local = not remote_hosts
+    site = Site(local=local, ports={}, gpus={}, addresses={}, connections={})
+    if local_names:
+        gpus = () if options.no_gpu_binding else detect_local_gpus(environ)
+        ports = find_free_ports(1 + sum(ranks_on[n] for n in local_names))
+        for name in local_names:
+            site.gpus[name] = gpus
+            site.ports[name] = ports  # one pool: the local names are one machine
+            site.addresses[name] = "127.0.0.1" if all_local else name
+    if not remote_hosts:
+        return site
+    if options.dry_run:
+        site.addresses.update({h.name: h.name for h in remote_hosts})
+        return site
+    from launcher.transport.ssh import HostReport, connect_all, probe_host
+
+    assert config is not None and settings is not None
+    site.connections = connect_all(remote_hosts, settings, config)
+    try:
+        probe_args = {
+            h.name: {
+                "ports": 1 + ranks_on[h.name],
+                "program": options.command[0],
+                "cwd": workdir,
+                "path_prefix": environ.get("PATH"),
+            }
+            for h in remote_hosts
+        }
+
+        def probe(name: str) -> HostReport:
+            return probe_host(
+                site.connections[name], sys.executable, probe_args[name], options.ssh_timeout
+            )
+
+        reports = run_parallel([h.name for h in remote_hosts], probe, settings.fanout)
+    except BaseException:
+        for connection in site.connections.values():
+            connection.close()
+        raise
+    for name, report in reports.items():
+        if not report.cwd_ok:
+            raise HostConnectionError(
+                f"{name}: working directory {workdir} does not exist there",
+                "create it (same path on every host), or pass --workdir",
+            )
+        if report.program is None:
+            raise HostConnectionError(
+                f"{name}: program {options.command[0]!r} not found there (PATH, {workdir})",
+                "install it there, or give a path that exists on every host",
+            )
+        site.ports[name] = list(report.ports)
+        site.gpus[name] = tuple(g["index"] for g in report.gpus)
+        site.addresses[name] = site.connections[name].peer_address
+    our_address = next(iter(site.connections.values())).local_address
+    for name in local_names:
+        site.addresses[name] = our_address or name
+    return site
+
+
+def run_parallel(keys: Sequence[str], call: Callable[[str], T], fanout: int) -> dict[str, T]:
+    """``call(key)`` for every key on a thread pool; the first error (in key order) is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(fanout, len(keys)))) as pool:
+        futures = {key: pool.submit(call, key) for key in keys}
+    return {key: future.result() for key, future in futures.items()}
+
+
+def ssh_settings(options: RunOptions) -> Any:
+    from launcher.transport.ssh import SshSettings
+
+    return SshSettings(
+        config_file=options.ssh_config,
+        port=options.ssh_port,
+        identity=options.ssh_identity,
+        timeout_s=options.ssh_timeout,
+        accept_new_host_keys=options.accept_new_host_keys,
+    )
+
+
 def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
     """Plan the job, then dry-run it or run it under the supervisor; returns the exit code."""
     from launcher.command import build_launch_specs, describe_specs
@@ -253,18 +401,23 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
     from launcher.jobs import new_job_id
     from launcher.plan import bind_gpus, plan_ranks
     from launcher.supervisor import Supervisor
-    from launcher.transport.local import (
-        LocalTransport,
-        detect_local_gpus,
-        find_free_ports,
-        is_local_address,
-    )
+    from launcher.transport.base import RoutedTransport
+    from launcher.transport.local import LocalTransport, detect_local_gpus
 
     if options.as_json and not options.dry_run:
         raise UsageError("--json needs --dry-run", "add --dry-run to print the plan as JSON")
-    check_tag_format(options.tag_format)
-    local_gpus = None if options.no_gpu_binding else detect_local_gpus(environ)
-    default_slots = options.np_ or options.nproc_per_node or len(local_gpus or ()) or 1
+    if options.no_gpu_binding and options.gpus_per_rank is not None:
+        raise UsageError("--gpus-per-rank and --no-gpu-binding both given", "use one of them")
+    if options.tag_format is not None:
+        check_tag_format(options.tag_format)
+    extra = resolve_env_args(
+        options.exports, [(f, read_text(f, "--env-file")) for f in options.env_files], environ
+    )
+    workdir = options.workdir or os.getcwd()
+    output_dir = prepare_output_dir(options.output_dir) if not options.dry_run else None
+    default_slots = options.np_ or options.nproc_per_node
+    if default_slots is None and not (options.host_lists or options.hostfile):
+        default_slots = (0 if options.no_gpu_binding else len(detect_local_gpus(environ))) or 1
     found = read_hosts(options.host_lists, options.hostfile, default_slots)
     plan = plan_ranks(
         found,
@@ -273,80 +426,114 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
         oversubscribe=options.oversubscribe,
         nproc_per_node=options.nproc_per_node,
     )
-    local = {h.name: is_local_address(h.name) for h in plan.hosts}
-    if local_gpus is not None:
-        inventory = {name: local_gpus for name, is_local in local.items() if is_local}
-        plan = bind_gpus(plan, inventory, options.gpus_per_rank)
-    elif options.gpus_per_rank is not None:
-        raise UsageError("--gpus-per-rank and --no-gpu-binding both given", "use one of them")
-    all_local = all(local.values())
-    extra = resolve_env_args(
-        options.exports, [(f, read_text(f, "--env-file")) for f in options.env_files], environ
-    )
-    ports = iter(find_free_ports(1 + plan.world_size) if all_local else ())
-    master_port = options.master_port or next(ports, DEFAULT_MASTER_PORT)
-    master_addr = options.master_addr or ("127.0.0.1" if all_local else plan.ranks[0].host.name)
-    tf_configs = {}
-    if options.tf_config:
-        tf_ports = {r.rank: next(ports, DEFAULT_MASTER_PORT + 1 + r.local_rank) for r in plan.ranks}
-        addresses = {
-            name: "127.0.0.1" for name, is_local in local.items() if is_local and all_local
-        }
-        tf_configs = build_tf_configs(plan, tf_ports, addresses)
-    env_options = EnvOptions(
-        job_id=new_job_id(),
-        master_addr=master_addr,
-        master_port=master_port,
-        extra=extra,
-        base_env=environ,
-        tf_config=tf_configs,
-    )
-    workdir = options.workdir or os.getcwd()
-    specs = build_launch_specs(
-        plan, options.command, lambda r: build_env(r, env_options), cwd=workdir
-    )
-    if options.dry_run:
-        entries = describe_specs(specs)
-        click.echo(
-            format_plan_json(entries) if options.as_json else "\n".join(format_plan(entries))
+    site = survey_hosts(plan, options, environ, workdir)
+    try:
+        if not options.no_gpu_binding:
+            plan = bind_gpus(plan, site.gpus, options.gpus_per_rank)
+        if not options.dry_run:
+            check_local_program(plan, site, options.command, workdir, environ)
+        free_ports = {name: iter(ports) for name, ports in site.ports.items()}
+
+        def next_port(host: str, fallback: int) -> int:
+            return next(free_ports.get(host, iter(())), fallback)
+
+        rank0 = plan.ranks[0].host.name
+        master_port = options.master_port or next_port(rank0, DEFAULT_MASTER_PORT)
+        tf_configs = {}
+        if options.tf_config:
+            tf_ports = {
+                r.rank: next_port(r.host.name, DEFAULT_MASTER_PORT + 1 + r.local_rank)
+                for r in plan.ranks
+            }
+            tf_configs = build_tf_configs(plan, tf_ports, site.addresses)
+        if site.connections and "VIRTUAL_ENV" in environ:
+            extra = {"VIRTUAL_ENV": environ["VIRTUAL_ENV"], **extra}
+        env_options = EnvOptions(
+            job_id=new_job_id(),
+            master_addr=options.master_addr or site.addresses.get(rank0, rank0),
+            master_port=master_port,
+            extra=extra,
+            base_env=environ,
+            tf_config=tf_configs,
         )
-        return 0
-    check_runnable(plan, specs, local, environ)
-    view = make_line_view(sys.stdout, sys.stderr, options.tag_format, options.color)
-    supervisor = Supervisor(
-        specs,
-        LocalTransport(environ, grace_s=options.grace),
-        view,
-        grace_s=options.grace,
-        output_dir=Path(options.output_dir) if options.output_dir else None,
-    )
-    result = supervisor.run()
+        specs = build_launch_specs(
+            plan, options.command, lambda r: build_env(r, env_options), cwd=workdir
+        )
+        if options.dry_run:
+            entries = describe_specs(specs)
+            click.echo(
+                format_plan_json(entries) if options.as_json else "\n".join(format_plan(entries))
+            )
+            return 0
+        remote = None
+        if site.connections:
+            from launcher.transport.ssh import SshTransport
+
+            remote = SshTransport(
+                site.connections,
+                grace_s=options.grace,
+                python=sys.executable,
+                path_prefix=environ.get("PATH"),
+                timeout_s=options.ssh_timeout,
+            )
+            site.connections = {}  # the transport owns them now
+        transport = RoutedTransport(
+            LocalTransport(environ, grace_s=options.grace),
+            remote,
+            remote_hosts={name for name, is_local in site.local.items() if not is_local},
+        )
+        tag_format = options.tag_format or (DEFAULT_TAG if len(plan.hosts) == 1 else HOST_TAG)
+        view = make_line_view(sys.stdout, sys.stderr, tag_format, options.color)
+        supervisor = Supervisor(
+            specs,
+            transport,
+            view,
+            grace_s=options.grace,
+            output_dir=output_dir,
+        )
+        result = supervisor.run()
+    finally:
+        for connection in site.connections.values():
+            connection.close()
     for line in format_failure(result):
         click.echo(line, err=True)
     return result.exit_code
 
 
-def check_runnable(
-    plan: Plan, specs: Sequence[LaunchSpec], local: Mapping[str, bool], environ: Mapping[str, str]
-) -> None:
-    """Refuse, before anything starts, what cannot run: remote hosts, a missing program or dir."""
-    remote = [name for name, is_local in local.items() if not is_local]
-    if remote:
+def prepare_output_dir(path: str | None) -> Path | None:
+    """Create ``--output-dir`` now, so a bad path fails before any rank starts."""
+    if path is None:
+        return None
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        probe = Path(path, ".dtrain-write-test")
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
         raise UsageError(
-            f"host {remote[0]} is not this machine: launching on remote hosts over SSH "
-            "is not available in this version",
-            "run on this machine (localhost), or use --dry-run to see the plan",
-        )
-    spec = specs[0]
-    if spec.cwd is not None and not Path(spec.cwd).is_dir():
-        raise UsageError(f"--workdir {spec.cwd}: no such directory", "check the path")
-    program = spec.argv[0]
-    path = spec.env.get("PATH", environ.get("PATH"))
+            f"--output-dir {path}: cannot write there ({exc.strerror})",
+            "give a directory you can write to",
+        ) from None
+    return Path(path)
+
+
+def check_local_program(
+    plan: Plan,
+    site: Site,
+    command: Sequence[str],
+    workdir: str,
+    environ: Mapping[str, str],
+) -> None:
+    """Refuse, before anything starts, a missing program or directory on this machine."""
+    if not any(site.local.get(h.name) for h in plan.hosts):
+        return
+    if not Path(workdir).is_dir():
+        raise UsageError(f"--workdir {workdir}: no such directory", "check the path")
+    program = command[0]
     if "/" in program:
-        target = Path(spec.cwd or ".", program)
-        if not target.exists():
+        if not Path(workdir, program).exists():
             raise UsageError(f"program {program} not found on localhost", "check the path")
-    elif shutil.which(program, path=path) is None:
+    elif shutil.which(program, path=environ.get("PATH")) is None:
         raise UsageError(
             f"program {program!r} not found on PATH on localhost",
             "check the spelling, install it, or give its full path",

@@ -51,6 +51,12 @@ def check_tag_format(tag_format: str) -> None:
             f"--tag-format {tag_format!r}: unknown field {{{unknown[0]}}}",
             "fields are " + ", ".join("{" + f + "}" for f in TAG_FIELDS),
         )
+    try:
+        tag_format.format(rank=0, host="h", local_rank=0, node_rank=0, role="worker", time="t")
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise UsageError(
+            f"--tag-format {tag_format!r}: {exc}", "write e.g. '[{rank}@{host}]'"
+        ) from None
 
 
 class LineView:
@@ -73,6 +79,7 @@ class LineView:
         self.color_system = color_system
         self.clock = clock
         self.prefixes: dict[tuple[int, Stream], str] = {}
+        self.broken: set[TextIO] = set()
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         text = b"\n".join(lines).decode("utf-8", "replace").split("\n")
@@ -80,8 +87,14 @@ class LineView:
             text = [line.decode("utf-8", "replace") for line in lines]
         prefix = self.prefix(spec, stream)
         file = self.files[stream]
-        file.write("".join([prefix + line + "\n" for line in text]))
-        file.flush()
+        if file in self.broken:
+            return
+        try:
+            file.write("".join([prefix + line + "\n" for line in text]))
+            file.flush()
+        except BrokenPipeError:
+            # The reader went away (`| head`): the job goes on, its output no longer shown.
+            self.broken.add(file)
 
     def prefix(self, spec: LaunchSpec, stream: Stream) -> str:
         key = (spec.rank, stream)
@@ -118,8 +131,8 @@ def make_line_view(out: TextIO, err: TextIO, tag_format: str, color: bool | None
     """A LineView coloured when ``out`` is a terminal (rich decides, honouring NO_COLOR)."""
     from rich.console import Console
 
-    probe = Console(file=out, force_terminal=color, no_color=color is False)
-    use_color = probe.is_terminal and probe.color_system is not None and color is not False
+    probe = Console(file=out, force_terminal=color, no_color=True if color is False else None)
+    use_color = probe.is_terminal and probe.color_system is not None and not probe.no_color
     return LineView(
         out, err, tag_format=tag_format, color=use_color, color_system=probe.color_system
     )

@@ -23,8 +23,20 @@ class LineFramer:
     def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.max_line_bytes = max_line_bytes
         self.partial = b""
+        self.pieces: list[bytes] = []  # chunks of a long line that has no break yet
+        self.pieces_size = 0
 
     def feed(self, data: bytes) -> list[bytes]:
+        if b"\n" not in data and b"\r" not in data and not self.partial.endswith(b"\r"):
+            # No break: just collect (joining per chunk would make long lines quadratic).
+            self.pieces.append(data)
+            self.pieces_size += len(data)
+            if self.pieces_size + len(self.partial) <= self.max_line_bytes:
+                return []
+            data = b""
+        if self.pieces:
+            data = b"".join(self.pieces) + data
+            self.pieces, self.pieces_size = [], 0
         buf = self.partial + data if self.partial else data
         if not buf:
             return []
@@ -45,7 +57,8 @@ class LineFramer:
 
     def finish(self) -> list[bytes]:
         """Lines left at end of stream: a last line without newline still counts."""
-        rest, self.partial = self.partial, b""
+        rest, self.partial = self.partial + b"".join(self.pieces), b""
+        self.pieces, self.pieces_size = [], 0
         if rest.endswith(b"\r"):
             rest = rest[:-1]
             return [rest]
@@ -67,8 +80,7 @@ def pump_stream(
             chunk = read(READ_BYTES)
             if not chunk:
                 break
-            if raw_copy is not None:
-                raw_copy.write(chunk)
+            raw_copy = copy_chunk(raw_copy, chunk)
             lines = framer.feed(chunk)
             if lines:
                 on_lines(lines)
@@ -79,4 +91,23 @@ def pump_stream(
         if tail:
             on_lines(tail)
         if raw_copy is not None:
+            try:
+                raw_copy.close()
+            except OSError:
+                pass
+
+
+def copy_chunk(raw_copy: BinaryIO | None, chunk: bytes) -> BinaryIO | None:
+    """Write a chunk to the copy; a failing copy (disk full) is dropped, never the stream."""
+    if raw_copy is None:
+        return None
+    try:
+        raw_copy.write(chunk)
+        raw_copy.flush()
+        return raw_copy
+    except OSError:
+        try:
             raw_copy.close()
+        except OSError:
+            pass
+        return None

@@ -127,16 +127,21 @@ class Supervisor:
         self.handle_signals = handle_signals
         self.events: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self.tracks: dict[int, RankTrack] = {}
+        self.stop_requested = False
+        self.killed = False
 
     # -- the loop ---------------------------------------------------------
 
     def run(self) -> JobResult:
         started = self.clock()
         previous = self.install_signal_handlers()
-        state = start_state(frozenset(s.rank for s in self.specs))
+        state = start_state(frozenset())
         try:
             for spec in self.specs:
+                if self.stop_requested:
+                    break  # Ctrl-C during start-up: start no more ranks
                 self.start(spec)
+            state = start_state(frozenset(self.tracks))
             state = self.loop(state)
             self.drain()
         finally:
@@ -202,13 +207,23 @@ class Supervisor:
         return None
 
     def drain(self) -> None:
-        """Show what the ranks wrote before they exited."""
+        """Show what the ranks wrote before they exited.
+
+        Waits up to ``DRAIN_S`` for streams to close (a process that escaped
+        everything may hold one open), but never drops what was already read.
+        """
         end = self.clock() + DRAIN_S
         while any(t.open_streams for t in self.tracks.values()) and self.clock() < end:
             try:
                 message = self.events.get(timeout=max(0.0, end - self.clock()))
             except queue.Empty:
                 break
+            self.handle(message)
+        while True:
+            try:
+                message = self.events.get_nowait()
+            except queue.Empty:
+                return
             self.handle(message)
 
     # -- starting and stopping ranks ---------------------------------------
@@ -241,27 +256,34 @@ class Supervisor:
         return open(directory / stream, "wb")
 
     def signal_running(self, signum: int) -> None:
+        if signum == signal.SIGKILL:
+            self.killed = True
         for track in self.tracks.values():
             if track.status is None:
                 track.process.signal(signum)
 
     def teardown(self) -> None:
-        """SIGTERM, grace, SIGKILL for whatever still runs (after an error in the loop)."""
-        if all(t.status is not None for t in self.tracks.values()):
-            return
-        self.signal_running(signal.SIGTERM)
-        end = self.clock() + self.grace_s
-        while self.clock() < end and any(t.status is None for t in self.tracks.values()):
-            self.drain_until(end)
-        self.signal_running(signal.SIGKILL)
+        """SIGTERM, grace, SIGKILL for whatever still runs (after an error in the loop).
 
-    def drain_until(self, end: float) -> None:
-        try:
-            message = self.events.get(timeout=max(0.01, end - self.clock()))
-        except queue.Empty:
+        Only exits are recorded here (output is no longer shown: the view may
+        be what failed), and a signal to dtrain cuts the grace short.
+        """
+        if self.killed or all(t.status is not None for t in self.tracks.values()):
             return
-        if not isinstance(message, Signalled):
-            self.handle(message)
+        try:
+            self.signal_running(signal.SIGTERM)
+            end = self.clock() + self.grace_s
+            while self.clock() < end and any(t.status is None for t in self.tracks.values()):
+                try:
+                    message = self.events.get(timeout=max(0.01, min(0.5, end - self.clock())))
+                except queue.Empty:
+                    continue
+                if isinstance(message, Signalled):
+                    break
+                if isinstance(message, Exit):
+                    self.tracks[message.rank].status = message.status
+        finally:
+            self.signal_running(signal.SIGKILL)
 
     # -- signals and the report --------------------------------------------
 
@@ -270,6 +292,7 @@ class Supervisor:
             return {}
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.stop_requested = True
             self.events.put(Signalled(signum))
 
         return {s: signal.signal(s, on_signal) for s in HANDLED_SIGNALS}

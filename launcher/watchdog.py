@@ -1,21 +1,24 @@
 """The per-rank watchdog: ``python -I -S watchdog.py GRACE_S -- PROGRAM ARGS...``.
 
 Runs in the rank's own session and process group, starts the program there
-and makes sure nothing of it outlives the launcher (DESIGN.md rule 4):
+and makes sure nothing of it outlives the launcher (DESIGN.md rule 4).  The
+rank's processes are its process group plus every descendant of the
+watchdog (it is a child subreaper, so orphans come back to it even when
+they ``setsid`` away from the group).
 
-* its stdin is a pipe from the launcher (or the SSH channel).  EOF means
-  the launcher is gone: SIGTERM the group, wait GRACE_S, SIGKILL it.
-  A line ``<signal number>`` on stdin signals the group (SSH cannot).
-* when the program exits, whatever it left in the group is terminated too.
-* it exits with the program's status; a program killed by a signal is
-  mirrored by the watchdog dying from the same signal.
+* stdin is the launcher's lifeline (a pipe, or the SSH channel).  A line
+  ``<signal number>`` signals every process of the rank; EOF means the
+  launcher is gone: SIGTERM them, wait GRACE_S, SIGKILL them.
+* when the program exits, its status is reported at once on stderr as
+  ``STATUS_MARK<status>\\n`` (a signal as -N), so the launcher knows which
+  rank failed first; then whatever it left behind is terminated, and the
+  watchdog exits (128 + N for a signal).
 
 Stdlib only and self-contained: over SSH it travels as text on stdin
 (``BOOTSTRAP`` below), followed by the rank's spec as JSON (argv,
 environment, working directory), so remote hosts need no dtrain and the
 environment never meets the command line's length limit or sshd's
-AcceptEnv.  In that mode the final status is reported on stderr as
-``STATUS_MARK<status>\n`` (sshd's exit-signal does not reach paramiko).
+AcceptEnv.
 """
 
 import os
@@ -28,6 +31,7 @@ PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.05
 STATUS_MARK = b"\0DTRAIN_STATUS:"
 LENGTH_DIGITS = 10
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # ``python -c BOOTSTRAP`` reads a length-prefixed program from stdin and runs it.
 BOOTSTRAP = (
@@ -43,6 +47,9 @@ BOOTSTRAP = (
     "exec(compile(read_exact(int(read_exact(10))), 'dtrain-watchdog', 'exec'),"
     " {'__name__': '__dtrain_remote__'})\n"
 )
+
+pending: list[int] = []  # stop signals that arrived before the program started
+child_pid = 0
 
 
 def frame(payload: bytes) -> bytes:
@@ -60,12 +67,17 @@ def read_exact(n: int) -> bytes:
     return data
 
 
-def ignore(signum: int, frame: object) -> None:
-    """Handler (not SIG_IGN, which exec would pass on to the program)."""
+def on_stop_signal(signum: int, frame: object) -> None:
+    """A handler, not SIG_IGN (which exec would pass on to the program).
+
+    A signal aimed at the whole group reaches the program by itself; one that
+    came before the program existed is passed on once it does.
+    """
+    if not child_pid:
+        pending.append(signum)
 
 
 def become_subreaper() -> None:
-    # Orphaned grandchildren are re-parented to us, so we can reap them.
     try:
         import ctypes
 
@@ -74,12 +86,13 @@ def become_subreaper() -> None:
         pass
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids of the processes in process group ``pgid`` other than this one."""
+def rank_processes(pgid: int) -> list[int]:
+    """Live processes of the rank: the group and our descendants, without us."""
     me = os.getpid()
-    members = []
+    parent: dict[int, int] = {}
+    members: set[int] = set()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
+        if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
@@ -87,9 +100,29 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            members.append(int(entry))
-    return members
+        if len(fields) < 3 or fields[0] == b"Z":
+            continue
+        pid = int(entry)
+        parent[pid] = int(fields[1])
+        if int(fields[2]) == pgid:
+            members.add(pid)
+    for pid in parent:
+        ancestor, hops = parent.get(pid, 0), 0
+        while ancestor > 1 and hops < 64:
+            if ancestor == me:
+                members.add(pid)
+                break
+            ancestor, hops = parent.get(ancestor, 0), hops + 1
+    members.discard(me)
+    return sorted(members)
+
+
+def signal_all(pgid: int, signum: int) -> None:
+    for pid in rank_processes(pgid):
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def reap_any() -> None:
@@ -101,36 +134,24 @@ def reap_any() -> None:
 
 
 def end_leftovers(pgid: int, grace_s: float) -> None:
-    """SIGTERM what the program left in the group, then SIGKILL after ``grace_s``."""
-    members = group_members(pgid)
-    if not members:
+    """SIGTERM what the program left behind, then SIGKILL after ``grace_s``."""
+    if not rank_processes(pgid):
         return
-    for pid in members:
-        signal_pid(pid, signal.SIGTERM)
+    signal_all(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while members and time.monotonic() < deadline:
+    while rank_processes(pgid) and time.monotonic() < deadline:
         time.sleep(POLL_S)
         reap_any()
-        members = group_members(pgid)
-    for pid in members:
-        signal_pid(pid, signal.SIGKILL)
+    signal_all(pgid, signal.SIGKILL)
     reap_any()
 
 
-def signal_pid(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
 def watch_control(pgid: int, grace_s: float) -> None:
-    """Follow the launcher's pipe: signal numbers to forward, EOF to end everything."""
-    stdin = os.fdopen(0, "rb", buffering=0)
+    """Follow the launcher's lifeline: signal numbers to pass on, EOF to end everything."""
     buf = b""
     while True:
         try:
-            chunk = stdin.read(4096)
+            chunk = os.read(0, 4096)
         except OSError:
             chunk = b""
         if not chunk:
@@ -138,11 +159,17 @@ def watch_control(pgid: int, grace_s: float) -> None:
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
-            if line.strip().isdigit():
-                os.killpg(pgid, int(line))
-    os.killpg(pgid, signal.SIGTERM)
+            try:
+                signum = int(line)
+                signal_all(pgid, signum)
+                if signum == signal.SIGKILL:
+                    os.killpg(pgid, signal.SIGKILL)  # this process included
+            except (ValueError, OSError):
+                continue
+    signal_all(pgid, signal.SIGTERM)
     time.sleep(grace_s)
-    os.killpg(pgid, signal.SIGKILL)  # this process included
+    signal_all(pgid, signal.SIGKILL)
+    os.killpg(pgid, signal.SIGKILL)
 
 
 def start_program(argv: list[str]) -> int:
@@ -150,7 +177,8 @@ def start_program(argv: list[str]) -> int:
     if pid:
         return pid
     try:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        # Python ignores SIGPIPE and SIGXFSZ; the program must get the defaults.
+        for signum in (*STOP_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(signum, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -161,37 +189,22 @@ def start_program(argv: list[str]) -> int:
     return 0  # not reached
 
 
-def exit_like(status: int, report: bool) -> None:
-    """Exit with the program's wait status: same code, or death by the same signal.
+def status_of(wait_status: int) -> int:
+    """A wait status as the launcher counts it: exit code, or -N for signal N."""
+    if os.WIFSIGNALED(wait_status):
+        return -os.WTERMSIG(wait_status)
+    return os.waitstatus_to_exitcode(wait_status)
 
-    With ``report``, the status is also written on stderr (signals as -N)
-    and a signal death becomes exit code 128 + N.
-    """
-    if report:
-        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
-        os.write(2, STATUS_MARK + str(code).encode() + b"\n")
-        os._exit(128 - code if code < 0 else code)
-    if os.WIFSIGNALED(status):
-        signum = os.WTERMSIG(status)
-        try:
-            import resource
 
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the program's core, not ours
-        except (ImportError, ValueError, OSError):
-            pass
-        if signum not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        time.sleep(1)
-        os._exit(128 + signum)
-    os._exit(os.waitstatus_to_exitcode(status))
+def report(status: int) -> None:
+    os.write(2, STATUS_MARK + str(status).encode() + b"\n")
 
 
 def main(args: list[str]) -> None:
     if len(args) < 3 or args[1] != "--":
         os.write(2, b"usage: watchdog.py GRACE_S -- PROGRAM [ARGS...]\n")
         os._exit(2)
-    watch(args[2:], float(args[0]), report=False)
+    watch(args[2:], float(args[0]))
 
 
 def main_remote() -> None:
@@ -209,25 +222,31 @@ def main_remote() -> None:
             os.chdir(spec["cwd"])
         except OSError as exc:
             os.write(2, f"dtrain: cannot enter {spec['cwd']}: {exc.strerror}\n".encode())
-            exit_like(2 << 8, report=True)
-    watch(spec["argv"], float(spec["grace_s"]), report=True)
+            report(2)
+            os._exit(2)
+    watch(spec["argv"], float(spec["grace_s"]))
 
 
-def watch(argv: list[str], grace_s: float, report: bool) -> None:
+def watch(argv: list[str], grace_s: float) -> None:
+    global child_pid
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_stop_signal)
     if os.getsid(0) != os.getpid():
         os.setsid()
     pgid = os.getpgid(0)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, ignore)
     become_subreaper()
-    child = start_program(argv)
+    child_pid = start_program(argv)
+    for early in pending:
+        signal_all(pgid, early)
     threading.Thread(target=watch_control, args=(pgid, grace_s), daemon=True).start()
     while True:
-        pid, status = os.waitpid(-1, 0)
-        if pid == child:
+        pid, wait_status = os.waitpid(-1, 0)
+        if pid == child_pid:
             break
+    status = status_of(wait_status)
+    report(status)
     end_leftovers(pgid, grace_s)
-    exit_like(status, report)
+    os._exit(128 - status if status < 0 else status)
 
 
 if __name__ == "__main__":

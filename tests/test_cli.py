@@ -163,9 +163,10 @@ def test_hostfile_gpus_and_hosts_command(tmp_path: Path) -> None:
             "dtrain: error: --workdir /nonexistent-dir: no such directory",
         ),
         (
-            ["run", "-H", "remote-host-xyz", "true"],
-            "dtrain: error: host remote-host-xyz is not this machine",
+            ["run", "--output-dir", "/etc/hostname", "true"],
+            "dtrain: error: --output-dir /etc/hostname: cannot write there",
         ),
+        (["run", "--tag-format", "[{rank:q}]", "true"], "dtrain: error: --tag-format '[{rank:q}]'"),
         (["nosuchcommand"], "dtrain: error: No such command 'nosuchcommand'"),
     ],
 )
@@ -215,3 +216,12 @@ def test_piped_output_has_no_colour(mark: str) -> None:
     assert "\x1b[" not in result.stdout
     forced = run_dtrain("run", "-np", "1", "--color", "-x", f"DTRAIN_TEST_MARK={mark}", "echo", "x")
     assert "\x1b[" in forced.stdout
+
+
+def test_unresolvable_host_fails_fast_naming_it() -> None:
+    result = run_dtrain("run", "-H", "no-such-host.invalid", "--ssh-timeout", "3", "true")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "dtrain: error: no-such-host.invalid: cannot resolve the host name "
+        "(hint: check the name or its HostName in ~/.ssh/config)"
+    ]

@@ -7,7 +7,7 @@ import threading
 
 from launcher.command import LaunchSpec
 from launcher.hosts import Host
-from launcher.supervisor import JobResult, RankReport, Supervisor
+from launcher.supervisor import JobResult, RankReport, Signalled, Supervisor
 from launcher.transport.base import Stream
 
 
@@ -101,12 +101,15 @@ def test_success_shows_every_line_and_exits_zero() -> None:
     )
     assert result.exit_code == 0 and result.failure is None
     assert result.statuses == {0: 0, 1: 0}
-    assert sorted(sink.lines) == [
-        (0, "stderr", b"warn"),
-        (0, "stdout", b"a"),
-        (0, "stdout", b"bc"),
-        (1, "stdout", b"d"),
-    ]
+    per_stream = {
+        key: [line for rank, stream, line in sink.lines if (rank, stream) == key]
+        for key in [(0, "stdout"), (0, "stderr"), (1, "stdout")]
+    }
+    assert per_stream == {
+        (0, "stdout"): [b"a", b"bc"],
+        (0, "stderr"): [b"warn"],
+        (1, "stdout"): [b"d"],
+    }
     assert transport.closed
 
 
@@ -143,3 +146,24 @@ def test_rank_ignoring_sigterm_gets_sigkill_after_grace() -> None:
     assert transport.started[1].signals == [signal.SIGTERM, signal.SIGKILL]
     assert result.statuses[1] == -signal.SIGKILL
     assert result.failure is not None and result.failure.last_lines == ("bye",)
+
+
+def test_interrupt_stops_gracefully_then_second_kills() -> None:
+    transport, sink = FakeTransport({0: ({}, None, True), 1: ({}, None, True)}), RecordingSink()
+    supervisor = Supervisor(specs(2), transport, sink, grace_s=60, handle_signals=False)
+    supervisor.events.put(Signalled(signal.SIGINT))
+    supervisor.events.put(Signalled(signal.SIGINT))
+    result = supervisor.run()
+    assert result.exit_code == 130 and result.interrupt == signal.SIGINT
+    assert transport.started[0].signals == [signal.SIGTERM, signal.SIGKILL]
+    assert result.statuses == {0: -signal.SIGKILL, 1: -signal.SIGKILL}
+
+
+def test_interrupt_before_start_starts_nothing_more() -> None:
+    transport, sink = FakeTransport({0: ({}, None, False), 1: ({}, None, False)}), RecordingSink()
+    supervisor = Supervisor(specs(2), transport, sink, grace_s=5, handle_signals=False)
+    supervisor.stop_requested = True
+    supervisor.events.put(Signalled(signal.SIGTERM))
+    result = supervisor.run()
+    assert transport.started == {}
+    assert result.exit_code == 143

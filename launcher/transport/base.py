@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Literal, Protocol
 
+from launcher import watchdog
 from launcher.command import LaunchSpec
 
 Stream = Literal["stdout", "stderr"]
@@ -28,7 +31,70 @@ class Process(Protocol):
         ...
 
 
+class StatusFilter:
+    """Takes the watchdog's status trailer out of a rank's stderr.
+
+    The watchdog writes ``STATUS_MARK<status>\\n`` the moment the program
+    exits, before it ends what the program left behind, so the launcher
+    learns which rank failed first without waiting for the cleanup.
+    """
+
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        self.raw_read = read
+        self.held = b""
+        self.status: int | None = None
+        self.settled = threading.Event()  # the status arrived, or stderr ended without one
+
+    def read(self, size: int) -> bytes:
+        mark = watchdog.STATUS_MARK
+        while True:
+            chunk = self.raw_read(size)
+            if not chunk:
+                held, self.held = self.held, b""
+                self.settled.set()
+                return held
+            data = self.held + chunk
+            start = data.find(mark[:1])
+            if start < 0:
+                self.held = b""
+                return data
+            tail = data[start:]
+            end = tail.find(b"\n")
+            if tail.startswith(mark) and end >= 0:
+                self.status = int(tail[len(mark) : end])
+                self.settled.set()
+                self.held = b""
+                data = data[:start] + tail[end + 1 :]
+            elif mark.startswith(tail[: len(mark)]) and end < 0:
+                self.held = tail  # perhaps the start of the trailer: wait for the rest
+                data = data[:start]
+            else:
+                self.held = b""
+            if data:
+                return data
+
+
 class Transport(Protocol):
     def start(self, spec: LaunchSpec) -> Process: ...
 
     def close(self) -> None: ...
+
+
+class RoutedTransport:
+    """Local ranks to the local transport, the others to the remote one (same protocol)."""
+
+    def __init__(self, local: Transport, remote: Transport | None, remote_hosts: set[str]) -> None:
+        self.local = local
+        self.remote = remote
+        self.remote_hosts = remote_hosts
+
+    def start(self, spec: LaunchSpec) -> Process:
+        if spec.host.name in self.remote_hosts:
+            assert self.remote is not None, "remote host without a remote transport"
+            return self.remote.start(spec)
+        return self.local.start(spec)
+
+    def close(self) -> None:
+        self.local.close()
+        if self.remote is not None:
+            self.remote.close()

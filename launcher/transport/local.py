@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 from launcher.command import LaunchSpec
-from launcher.transport.base import Stream
+from launcher.errors import LauncherError
+from launcher.transport.base import StatusFilter, Stream
 
 WATCHDOG = Path(__file__).resolve().parent.parent / "watchdog.py"
 NVIDIA_SMI_TIMEOUT_S = 10.0
+EXIT_POLL_S = 0.05
+STATUS_WAIT_S = 5.0  # after the watchdog exited, how long its status may take to arrive
+KILL_FALLBACK_S = 1.0  # SIGKILL the group ourselves if the watchdog has not done it
 
 
 def build_child_env(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]:
@@ -24,29 +31,60 @@ def build_child_env(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]
 
 
 class LocalProcess:
+    """A rank on this machine: the watchdog process and its pipes."""
+
     def __init__(self, spec: LaunchSpec, popen: subprocess.Popen[bytes]) -> None:
         self.spec = spec
         self.popen = popen
         self.pid = popen.pid
-        assert popen.stdout is not None and popen.stderr is not None
-        self.fds: dict[Stream, int] = {
-            "stdout": popen.stdout.fileno(),
-            "stderr": popen.stderr.fileno(),
-        }
+        assert popen.stdout is not None and popen.stderr is not None and popen.stdin is not None
+        self.files: dict[Stream, IO[bytes]] = {"stdout": popen.stdout, "stderr": popen.stderr}
+        self.lifeline = popen.stdin
+        self.stderr = StatusFilter(lambda size: self.read_raw("stderr", size))
 
     def read(self, stream: Stream, size: int) -> bytes:
-        return os.read(self.fds[stream], size)
+        if stream == "stderr":
+            return self.stderr.read(size)
+        return self.read_raw(stream, size)
+
+    def read_raw(self, stream: Stream, size: int) -> bytes:
+        file = self.files[stream]
+        if file.closed:
+            return b""
+        data = os.read(file.fileno(), size)
+        if not data:
+            file.close()  # no fd outlives its stream
+        return data
 
     def wait(self) -> int:
+        while not self.stderr.settled.wait(EXIT_POLL_S):
+            if self.popen.poll() is not None:
+                self.stderr.settled.wait(STATUS_WAIT_S)
+                break
+        if self.stderr.status is not None:
+            return self.stderr.status
         return self.popen.wait()
 
     def signal(self, signum: int) -> None:
-        if self.popen.returncode is not None:
+        """Ask the watchdog to signal every process of the rank; SIGKILL is also enforced here."""
+        if self.popen.poll() is not None:
             return
         try:
-            os.killpg(self.pid, signum)  # the watchdog leads the group: pgid == pid
-        except (ProcessLookupError, PermissionError):
+            self.lifeline.write(f"{signum}\n".encode())
+            self.lifeline.flush()
+        except OSError:
             pass
+        if signum == signal.SIGKILL:
+            timer = threading.Timer(KILL_FALLBACK_S, self.kill_group)
+            timer.daemon = True
+            timer.start()
+
+    def kill_group(self) -> None:
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)  # the watchdog leads the group
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 class LocalTransport:
@@ -64,15 +102,21 @@ class LocalTransport:
 
     def start(self, spec: LaunchSpec) -> LocalProcess:
         argv = [self.python, "-I", "-S", str(WATCHDOG), str(self.grace_s), "--", *spec.argv]
-        popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,  # the watchdog's lifeline: EOF when we die
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=build_child_env(self.environ, spec),
-            cwd=spec.cwd,
-            start_new_session=True,
-        )
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,  # the watchdog's lifeline: EOF when we die
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=build_child_env(self.environ, spec),
+                cwd=spec.cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise LauncherError(
+                f"cannot start rank {spec.rank} on localhost: {exc}",
+                "check the limits on processes and open files (ulimit -u, -n)",
+            ) from None
         return LocalProcess(spec, popen)
 
     def close(self) -> None:

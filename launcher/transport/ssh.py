@@ -26,11 +26,12 @@ from launcher import probe, watchdog
 from launcher.command import LaunchSpec, build_remote_command
 from launcher.errors import HostConnectionError
 from launcher.hosts import Host
-from launcher.transport.base import Stream
+from launcher.transport.base import StatusFilter, Stream
 
 KEEPALIVE_S = 15
 DEFAULT_FANOUT = 32
 STATUS_WAIT_S = 5.0
+EXIT_POLL_S = 0.05
 WATCHDOG_SOURCE = Path(watchdog.__file__).read_bytes()
 PROBE_SOURCE = Path(probe.__file__).read_text()
 
@@ -358,46 +359,22 @@ class SshProcess:
         self.pid = 0  # remote; the watchdog owns it
         self.channel = channel
         self.lock = threading.Lock()
-        self.status: int | None = None
-        self.stderr_done = threading.Event()
-        self.stderr_held = b""
+        self.stderr = StatusFilter(lambda size: bytes(channel.recv_stderr(size)))
         self.killed = False
 
     def read(self, stream: Stream, size: int) -> bytes:
         if stream == "stdout":
             return bytes(self.channel.recv(size))
-        return self.read_stderr(size)
-
-    def read_stderr(self, size: int) -> bytes:
-        """stderr without the watchdog's status trailer (parsed into ``status``)."""
-        while True:
-            chunk = bytes(self.channel.recv_stderr(size))
-            if not chunk:
-                held, self.stderr_held = self.stderr_held, b""
-                self.stderr_done.set()
-                return held
-            data = self.stderr_held + chunk
-            mark = data.find(watchdog.STATUS_MARK[:1])
-            if mark < 0:
-                self.stderr_held = b""
-                return data
-            tail = data[mark:]
-            if tail.startswith(watchdog.STATUS_MARK) and tail.endswith(b"\n"):
-                self.status = int(tail[len(watchdog.STATUS_MARK) : -1])
-                self.stderr_held = b""
-            elif watchdog.STATUS_MARK.startswith(tail[: len(watchdog.STATUS_MARK)]):
-                self.stderr_held = tail  # maybe the start of the trailer: wait for more
-            else:
-                self.stderr_held = b""
-                return data
-            if data[:mark]:
-                return data[:mark]
+        return self.stderr.read(size)
 
     def wait(self) -> int:
+        while not self.stderr.settled.wait(EXIT_POLL_S):
+            if self.channel.exit_status_ready() or self.channel.closed:
+                self.stderr.settled.wait(STATUS_WAIT_S)
+                break
+        if self.stderr.status is not None:
+            return self.stderr.status
         code = self.channel.recv_exit_status()
-        self.stderr_done.wait(STATUS_WAIT_S)
-        if self.status is not None:
-            return self.status
         if code == -1:  # no status: the watchdog died with its group, or the connection did
             return -signal.SIGKILL if self.killed else 255
         return code
