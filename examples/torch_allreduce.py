@@ -12,6 +12,7 @@ weights.  Exits non-zero on any mismatch.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import torch
@@ -32,7 +33,8 @@ def main() -> int:
     if not torch.allclose(value, torch.full((4,), expected)):
         print(f"all_reduce gave {value.tolist()}, expected {expected}", file=sys.stderr)
         return 1
-    print(f"rank {rank}/{world} (local {local_rank}): all_reduce sum = {value[0].item():g} ok")
+    host = socket.gethostname()
+    print(f"rank {rank}/{world} (local {local_rank}) on {host}: all_reduce sum = {value[0].item():g} ok")
 
     torch.manual_seed(0)  # same data and initial weights on every rank
     true_w = torch.randn(8, 1)
@@ -57,7 +59,10 @@ def main() -> int:
         return 1
     if rank == 0:
         print(f"final loss {loss.item():.5f}; weights identical on all {world} ranks")
-    dist.barrier()  # leave together: gloo aborts a rank whose peers hang up mid-teardown
+    # Leave together, DDP first: gloo aborts a rank whose peers hang up while
+    # its DDP reducer still holds the process group.
+    del model, optimizer
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

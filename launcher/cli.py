@@ -7,11 +7,12 @@ Heavy or optional modules are imported inside the commands, so that
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,6 +28,8 @@ T = TypeVar("T")
 DEFAULT_GRACE_S = 5.0
 DEFAULT_TAG = "[{rank}]"
 HOST_TAG = "[{rank}@{host}]"  # when the job spans several hosts
+# Across hosts, gloo and NCCL must talk over the NIC that reaches MASTER_ADDR (as horovodrun does).
+NIC_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, shown by dry runs of remote jobs
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -185,6 +188,86 @@ def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> i
     return 0
 
 
+@cli.command(context_settings=CONTEXT)
+@host_options
+@ssh_options
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def check(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool, **ssh: Any) -> int:
+    """Check every host in parallel: SSH, Python, frameworks, GPUs, ports, clock."""
+    from launcher.console import print_check_report
+
+    found = read_hosts(host_lists, hostfile, default_slots=None)
+    rows = check_hosts(found, RunOptions(command=("python3",), **ssh), dict(os.environ))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        print_check_report(rows, sys.stdout)
+    return 0 if all(row["ok"] for row in rows) else 1
+
+
+GPU_BUSY_UTILIZATION = 5  # percent
+GPU_BUSY_MEMORY_MIB = 500
+
+
+def check_hosts(
+    hosts: Sequence[Host], options: RunOptions, environ: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """One report row per host; a host that fails gets ``ok: False`` and its error."""
+    from launcher import probe
+    from launcher.transport.local import is_local_address
+
+    def summarize(
+        name: str, report: Mapping[str, Any], rtt_s: float | None, offset_s: float
+    ) -> dict[str, Any]:
+        gpus = report["gpus"]
+        busy = [
+            g
+            for g in gpus
+            if float(g.get("utilization") or 0) >= GPU_BUSY_UTILIZATION
+            or float(g.get("memory_mib") or 0) >= GPU_BUSY_MEMORY_MIB
+        ]
+        return {
+            "host": name,
+            "ok": True,
+            "error": None,
+            "hostname": report["hostname"],
+            "rtt_ms": None if rtt_s is None else round(rtt_s * 1000, 2),
+            "python": report["python"],
+            "python_version": report["python_version"],
+            "versions": report.get("versions", {}),
+            "gpus": len(gpus),
+            "gpus_busy": len(busy),
+            "free_port": report["ports"][0],
+            "clock_offset_ms": round(offset_s * 1000, 1),
+        }
+
+    def check_one(host: Host) -> dict[str, Any]:
+        try:
+            if is_local_address(host.name):
+                report = probe.probe({"ports": 1, "versions": True})
+                return summarize(host.name, report, None, 0.0)
+            from launcher.transport.ssh import connect, load_ssh_config, probe_host
+
+            settings = ssh_settings(options)
+            connection = connect(host, settings, load_ssh_config(settings))
+            try:
+                rtt_s = connection.round_trip_s()
+                offset_s = connection.clock_offset_s(settings.timeout_s)
+                found = probe_host(
+                    connection, sys.executable, {"ports": 1, "versions": True}, settings.timeout_s
+                )
+                return summarize(host.name, asdict(found), rtt_s, offset_s)
+            finally:
+                connection.close()
+        except LauncherError as exc:
+            return {"host": host.name, "ok": False, "error": str(exc)}
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
+        return list(pool.map(check_one, hosts))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and turn every error into one line and an exit code."""
     try:
@@ -284,68 +367,87 @@ class Site:
     """Where the job runs, as found before anything starts."""
 
     local: dict[str, bool]  # host name -> is this machine
-    ports: dict[str, list[int]]  # host name -> TCP ports free there
-    gpus: dict[str, tuple[str, ...]]  # host name -> GPU ids found there
-    addresses: dict[str, str]  # host name -> address the other ranks reach it by
-    connections: dict[str, Any]  # host name -> SshConnection (remote hosts only)
+    ports: dict[str, list[int]] = field(default_factory=dict)  # TCP ports free there
+    gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)  # GPU ids found there
+    addresses: dict[str, str] = field(default_factory=dict)  # how the other ranks reach it
+    interfaces: dict[str, str] = field(default_factory=dict)  # its NIC towards MASTER_ADDR
+    connections: dict[str, Any] = field(default_factory=dict)  # SshConnection, remote hosts
 
 
 def survey_hosts(plan: Plan, options: RunOptions, environ: Mapping[str, str], workdir: str) -> Site:
     """Decide local or remote by address; connect to and probe remote hosts (not in dry runs)."""
     from launcher.transport.local import detect_local_gpus, find_free_ports, is_local_address
 
-    local = {h.name: is_local_address(h.name) for h in plan.hosts}
-    remote_hosts = [h for h in plan.hosts if not local[h.name]]
-    settings = config = None
+    site = Site(local={h.name: is_local_address(h.name) for h in plan.hosts})
+    remote_hosts = [h for h in plan.hosts if not site.local[h.name]]
     if remote_hosts:
         from launcher.transport.ssh import load_ssh_config, resolve_target
 
         settings = ssh_settings(options)
         config = load_ssh_config(settings)
         for host in remote_hosts:  # an ssh alias of this machine is local too
-            local[host.name] = is_local_address(resolve_target(host, settings, config).hostname)
-        remote_hosts = [h for h in remote_hosts if not local[h.name]]
+            target = resolve_target(host, settings, config)
+            site.local[host.name] = is_local_address(target.hostname)
+        remote_hosts = [h for h in remote_hosts if not site.local[h.name]]
     ranks_on = {h.name: sum(1 for r in plan.ranks if r.host.name == h.name) for h in plan.hosts}
-    local_names = [name for name, is_local in local.items() if is_local]
-    all_local = not remote_hosts
-    site = Site(local=local, ports={}, gpus={}, addresses={}, connections={})
+    local_names = [name for name, is_local in site.local.items() if is_local]
     if local_names:
         gpus = () if options.no_gpu_binding else detect_local_gpus(environ)
         ports = find_free_ports(1 + sum(ranks_on[n] for n in local_names))
         for name in local_names:
             site.gpus[name] = gpus
             site.ports[name] = ports  # one pool: the local names are one machine
-            site.addresses[name] = "127.0.0.1" if all_local else name
+            site.addresses[name] = "127.0.0.1" if not remote_hosts else name
     if not remote_hosts:
         return site
     if options.dry_run:
         site.addresses.update({h.name: h.name for h in remote_hosts})
         return site
-    from launcher.transport.ssh import HostReport, connect_all, probe_host
+    from launcher.transport.ssh import connect_all
 
-    assert config is not None and settings is not None
     site.connections = connect_all(remote_hosts, settings, config)
     try:
-        probe_args = {
-            h.name: {
-                "ports": 1 + ranks_on[h.name],
-                "program": options.command[0],
-                "cwd": workdir,
-                "path_prefix": environ.get("PATH"),
-            }
-            for h in remote_hosts
-        }
-
-        def probe(name: str) -> HostReport:
-            return probe_host(
-                site.connections[name], sys.executable, probe_args[name], options.ssh_timeout
-            )
-
-        reports = run_parallel([h.name for h in remote_hosts], probe, settings.fanout)
+        probe_remote_hosts(site, plan, options, environ, workdir, remote_hosts, ranks_on)
     except BaseException:
         for connection in site.connections.values():
             connection.close()
         raise
+    return site
+
+
+def probe_remote_hosts(
+    site: Site,
+    plan: Plan,
+    options: RunOptions,
+    environ: Mapping[str, str],
+    workdir: str,
+    remote_hosts: Sequence[Host],
+    ranks_on: Mapping[str, int],
+) -> None:
+    """Check every remote host (directory, program, ports, GPUs, NIC) in parallel."""
+    from launcher.probe import interface_towards
+    from launcher.transport.ssh import probe_host
+
+    for name, connection in site.connections.items():
+        site.addresses[name] = connection.peer_address
+    our_address = next(iter(site.connections.values())).local_address
+    for name, is_local in site.local.items():
+        if is_local:
+            site.addresses[name] = our_address or name
+    rank0 = plan.ranks[0].host.name
+    master = options.master_addr or site.addresses[rank0]
+
+    def probe(name: str) -> Any:
+        args = {
+            "ports": 1 + ranks_on[name],
+            "program": options.command[0],
+            "cwd": workdir,
+            "path_prefix": environ.get("PATH"),
+            "route_to": master,
+        }
+        return probe_host(site.connections[name], sys.executable, args, options.ssh_timeout)
+
+    reports = run_parallel([h.name for h in remote_hosts], probe, ssh_settings(options).fanout)
     for name, report in reports.items():
         if not report.cwd_ok:
             raise HostConnectionError(
@@ -359,11 +461,12 @@ def survey_hosts(plan: Plan, options: RunOptions, environ: Mapping[str, str], wo
             )
         site.ports[name] = list(report.ports)
         site.gpus[name] = tuple(g["index"] for g in report.gpus)
-        site.addresses[name] = site.connections[name].peer_address
-    our_address = next(iter(site.connections.values())).local_address
-    for name in local_names:
-        site.addresses[name] = our_address or name
-    return site
+        if report.route:
+            site.interfaces[name] = report.route["interface"]
+    local_route = interface_towards(master)
+    for name, is_local in site.local.items():
+        if is_local and local_route:
+            site.interfaces[name] = local_route["interface"]
 
 
 def run_parallel(keys: Sequence[str], call: Callable[[str], T], fanout: int) -> dict[str, T]:
@@ -448,6 +551,12 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
             tf_configs = build_tf_configs(plan, tf_ports, site.addresses)
         if site.connections and "VIRTUAL_ENV" in environ:
             extra = {"VIRTUAL_ENV": environ["VIRTUAL_ENV"], **extra}
+        host_env = {
+            name: {
+                var: interface for var in NIC_VARIABLES if var not in environ and var not in extra
+            }
+            for name, interface in site.interfaces.items()
+        }
         env_options = EnvOptions(
             job_id=new_job_id(),
             master_addr=options.master_addr or site.addresses.get(rank0, rank0),
@@ -455,6 +564,7 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
             extra=extra,
             base_env=environ,
             tf_config=tf_configs,
+            host_env=host_env,
         )
         specs = build_launch_specs(
             plan, options.command, lambda r: build_env(r, env_options), cwd=workdir

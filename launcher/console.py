@@ -11,7 +11,7 @@ import json
 import string
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from launcher.command import LaunchSpec
 from launcher.errors import LauncherError, UsageError
@@ -234,3 +234,44 @@ def shell_quote(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def print_check_report(rows: Sequence[Mapping[str, Any]], out: TextIO) -> None:
+    """``dtrain check`` as a rich table, one row per host; failures in red with their cause."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_lines=False)
+    for column in (
+        "host",
+        "state",
+        "rtt ms",
+        "python",
+        "dtrain",
+        "torch",
+        "tensorflow",
+        "mpi4py",
+        "gpus (busy)",
+        "free port",
+        "clock ms",
+    ):
+        table.add_column(column)
+    for row in rows:
+        if not row["ok"]:
+            table.add_row(row["host"], "[red]FAILED[/red]", row["error"], *[""] * 8)
+            continue
+        versions = row["versions"]
+        table.add_row(
+            row["host"],
+            "[green]ok[/green]",
+            "-" if row["rtt_ms"] is None else f"{row['rtt_ms']:.2f}",
+            f"{row['python_version']} {row['python']}",
+            *(versions.get(name) or "-" for name in ("dtrain", "torch", "tensorflow", "mpi4py")),
+            f"{row['gpus']} ({row['gpus_busy']})",
+            str(row["free_port"]),
+            f"{row['clock_offset_ms']:+.1f}",
+        )
+    console = Console(file=out)
+    console.print(table)
+    failed = sum(1 for row in rows if not row["ok"])
+    console.print(f"{len(rows) - failed} of {len(rows)} hosts ok", highlight=False)

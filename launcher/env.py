@@ -27,6 +27,7 @@ class EnvOptions:
     extra: Mapping[str, str] = field(default_factory=dict)  # -x and --env-file, already resolved
     base_env: Mapping[str, str] = field(default_factory=dict)  # the launcher's environment
     tf_config: Mapping[int, str] = field(default_factory=dict)  # rank -> TF_CONFIG json
+    host_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per host name
 
 
 def build_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
@@ -51,6 +52,7 @@ def build_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(rank.gpus)
     if rank.rank in options.tf_config:
         env["TF_CONFIG"] = options.tf_config[rank.rank]
+    env.update(options.host_env.get(rank.host.name, {}))
     env.update(options.extra)
     return env
 

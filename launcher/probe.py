@@ -63,6 +63,29 @@ def gpus() -> list[dict[str, str]]:
     return found
 
 
+def interface_towards(address: str) -> dict[str, str] | None:
+    """The local address and network interface this host uses to reach ``address`` (IPv4)."""
+    import fcntl
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((address, 9))  # UDP: picks a route, sends nothing
+            local = s.getsockname()[0]
+            for _, name in socket.if_nameindex():
+                try:
+                    packed = fcntl.ioctl(
+                        s.fileno(), 0x8915, struct.pack("256s", name[:15].encode())
+                    )
+                except OSError:
+                    continue  # SIOCGIFADDR: no IPv4 address on it
+                if socket.inet_ntoa(packed[20:24]) == local:
+                    return {"address": local, "interface": name}
+    except OSError:
+        return None
+    return None
+
+
 def versions() -> dict[str, str | None]:
     from importlib import metadata
 
@@ -100,6 +123,8 @@ def probe(args: dict) -> dict:  # type: ignore[type-arg]
     }
     if args.get("program"):
         report["program"] = find_program(args["program"], cwd, path)
+    if args.get("route_to"):
+        report["route"] = interface_towards(args["route_to"])
     if args.get("versions"):
         report["versions"] = versions()
     return report

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.testhosts import TestHosts, unavailable_reason
+
 REPO = Path(__file__).resolve().parent.parent
 DTRAIN = [sys.executable, "-m", "launcher"]
 MARK = "DTRAIN_TEST_MARK"
@@ -112,3 +114,27 @@ def tagged(output: str, rank: int) -> list[str]:
 def py(code: str) -> Sequence[str]:
     """argv running ``code`` with this interpreter."""
     return [sys.executable, "-c", code]
+
+
+SSH_HOSTS = 3
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts_session() -> Iterator[TestHosts]:
+    """Real sshd test hosts node1..node3 (one set per test session, see tests/testhosts.py)."""
+    reason = unavailable_reason() if os.geteuid() == 0 else "SSH test hosts need root"
+    if reason:
+        pytest.skip(reason)
+    hosts = TestHosts(SSH_HOSTS)
+    try:
+        yield hosts
+    finally:
+        hosts.stop()
+
+
+@pytest.fixture
+def ssh_hosts(ssh_hosts_session: TestHosts) -> TestHosts:
+    """The session's test hosts, (re)started if a teardown test stopped them."""
+    if not ssh_hosts_session.started:
+        ssh_hosts_session.start()
+    return ssh_hosts_session

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -378,8 +379,9 @@ def test_torch_gloo_allreduce_on_four_ranks(mark: str) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in range(4):
-        assert f"rank {rank}/4 (local {rank}): all_reduce sum = 10 ok" in tagged(
-            result.stdout, rank
+        assert (
+            f"rank {rank}/4 (local {rank}) on {socket.gethostname()}: all_reduce sum = 10 ok"
+            in tagged(result.stdout, rank)
         )
     assert "final loss" in result.stdout and "weights identical on all 4 ranks" in result.stdout
 

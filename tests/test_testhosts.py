@@ -10,7 +10,6 @@ import concurrent.futures
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,21 +44,11 @@ pytestmark = [
 COUNT = 3
 
 
-@pytest.fixture(scope="module")
-def _hosts() -> Iterator[TestHosts]:
-    hosts = TestHosts(COUNT)
-    try:
-        yield hosts
-    finally:
-        hosts.stop()
-
-
 @pytest.fixture
-def hosts(_hosts: TestHosts) -> TestHosts:
-    """The module's hosts, (re)started if a teardown test stopped them."""
-    if not _hosts.started:
-        _hosts.start()
-    return _hosts
+def hosts(ssh_hosts: TestHosts) -> TestHosts:
+    """The session's hosts (tests/conftest.py), restarted if a teardown test stopped them."""
+    assert len(ssh_hosts.names) == COUNT
+    return ssh_hosts
 
 
 def _namespaces() -> list[str]:
@@ -162,8 +151,8 @@ def test_stop_leaves_nothing(hosts: TestHosts) -> None:
     assert not state_dir.exists()
 
 
-def test_cleanup_after_crashed_run(_hosts: TestHosts, tmp_path: Path) -> None:
-    _hosts.stop()  # only one set of netns hosts can exist at a time
+def test_cleanup_after_crashed_run(ssh_hosts_session: TestHosts, tmp_path: Path) -> None:
+    ssh_hosts_session.stop()  # only one set of netns hosts can exist at a time
     crashed = TestHosts(2, tmp_path / "state")
     crashed.start()
     sshd_pids = list(crashed.pids.values())

@@ -14,6 +14,7 @@ import json
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -174,6 +175,43 @@ class SshConnection:
         channel.close()
         return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
+    def round_trip_s(self, samples: int = 5) -> float:
+        """The SSH round trip: the fastest of a few global requests the server answers at once."""
+        transport = self.client.get_transport()
+        assert transport is not None
+        best = float("inf")
+        for _ in range(samples):
+            started = time.monotonic()
+            transport.global_request("keepalive@dtrain", wait=True)
+            best = min(best, time.monotonic() - started)
+        return best
+
+    def clock_offset_s(self, timeout_s: float, samples: int = 6) -> float:
+        """The host's clock minus ours, NTP style: `date` answers on an open channel,
+        and the exchange with the shortest round trip gives the estimate."""
+        channel = self.open_channel("while read -r _; do date +%s.%N; done", timeout_s)
+        channel.settimeout(timeout_s)
+        best = (float("inf"), float("nan"))
+        buffer = b""
+        try:
+            for sample in range(samples):
+                sent = time.time()
+                channel.sendall(b"x\n")
+                while b"\n" not in buffer:
+                    chunk = channel.recv(4096)
+                    if not chunk:
+                        return best[1]
+                    buffer += chunk
+                received = time.time()
+                line, buffer = buffer.split(b"\n", 1)
+                if sample and received - sent < best[0]:  # the first one also paid for start-up
+                    best = (received - sent, float(line) - (sent + received) / 2)
+        except (TimeoutError, ValueError, OSError):
+            pass
+        finally:
+            channel.close()
+        return best[1]
+
     def close(self) -> None:
         self.client.close()
         if self.jump is not None:
@@ -264,6 +302,9 @@ def connect(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> Ss
     transport = client.get_transport()
     assert transport is not None
     transport.set_keepalive(KEEPALIVE_S)
+    if isinstance(transport.sock, socket.socket):
+        # Small control messages (signals) must not wait for Nagle and delayed ACKs (40 ms).
+        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     peer, local = address_pair(transport)
     return SshConnection(
         host, target, client, jump, peer_address=peer or target.hostname, local_address=local
@@ -315,6 +356,7 @@ class HostReport:
     time: float
     program: str | None = None
     versions: Mapping[str, str | None] = field(default_factory=dict)
+    route: Mapping[str, str] | None = None  # {"address", "interface"} towards route_to
 
 
 def probe_host(
@@ -348,6 +390,7 @@ def probe_host(
         time=data["time"],
         program=data.get("program"),
         versions=data.get("versions", {}),
+        route=data.get("route"),
     )
 
 

@@ -1,0 +1,348 @@
+"""Remote hosts for real: dtrain over SSH to sshd test hosts in their own network namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    marked_pids,
+    py,
+    run_dtrain,
+    start_dtrain,
+    tagged,
+    wait_for_pids,
+    wait_until_gone,
+)
+from tests.testhosts import TestHosts, processes_in
+
+pytestmark = pytest.mark.sshhosts
+
+
+def ssh(hosts: TestHosts) -> list[str]:
+    return ["--ssh-config", str(hosts.ssh_config)]
+
+
+def watchdogs_on(hosts: TestHosts) -> list[int]:
+    """dtrain watchdogs still running on the test hosts (their command line holds BOOTSTRAP)."""
+    found = []
+    for name in hosts.names:
+        for pid in processes_in(name):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"dtrain-watchdog" in cmdline:
+                found.append(pid)
+    return found
+
+
+def assert_nothing_left(hosts: TestHosts, mark: str) -> None:
+    assert wait_until_gone(mark, timeout=5) == []
+    deadline = time.monotonic() + 5
+    while watchdogs_on(hosts) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert watchdogs_on(hosts) == []
+
+
+def without_identity(hosts: TestHosts, directory: Path, known_hosts: Path | None = None) -> Path:
+    """A copy of the hosts' ssh config without IdentityFile (and another known_hosts)."""
+    lines = []
+    for line in hosts.ssh_config.read_text().splitlines():
+        key = line.strip().split(" ")[0].lower()
+        if key == "identityfile":
+            continue
+        if known_hosts is not None and key == "userknownhostsfile":
+            line = f"  UserKnownHostsFile {known_hosts}"
+        lines.append(line)
+    config = directory / "ssh_config"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("host_list", "hostnames"),
+    [
+        ("node1:2,node2:2,node3:2", ["node1", "node1", "node2", "node2", "node3", "node3"]),
+        ("localhost:1,node2:1", [os.uname().nodename, "node2"]),
+    ],
+)
+def test_torch_allreduce_across_hosts(
+    ssh_hosts: TestHosts, mark: str, host_list: str, hostnames: list[str]
+) -> None:
+    pytest.importorskip("torch")
+    result = run_dtrain(
+        "run",
+        *ssh(ssh_hosts),
+        "-H",
+        host_list,
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/torch_allreduce.py",
+        timeout=230,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    world = len(hostnames)
+    total = world * (world + 1) // 2
+    for rank, hostname in enumerate(hostnames):
+        lines = [line for line in result.stdout.splitlines() if "all_reduce sum" in line]
+        assert any(
+            f" on {hostname}: all_reduce sum = {total} ok" in line and line.startswith(f"[{rank}@")
+            for line in lines
+        ), lines
+    assert f"weights identical on all {world} ranks" in result.stdout
+
+
+def test_failure_on_one_host_tears_down_every_host(ssh_hosts: TestHosts, mark: str) -> None:
+    script = "if [ $RANK = 3 ]; then sleep 1; echo 'bad shard' >&2; exit 7; fi; sleep 300 & wait"
+    result = run_dtrain(
+        "run",
+        *ssh(ssh_hosts),
+        "-H",
+        "node1:2,node2:2,node3:2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        script,
+    )
+    assert result.returncode == 7
+    assert (
+        "dtrain: rank 3 on node2 failed (exit code 7); stopped the other 5 ranks" in result.stderr
+    )
+    assert "    bad shard" in result.stderr.splitlines()
+    assert_nothing_left(ssh_hosts, mark)
+
+
+def test_remote_signal_death_and_exit_codes(ssh_hosts: TestHosts, mark: str) -> None:
+    result = run_dtrain(
+        "run",
+        *ssh(ssh_hosts),
+        "-H",
+        "node1,node2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "if [ $RANK = 1 ]; then kill -SEGV $$; fi; sleep 300",
+    )
+    assert result.returncode == 128 + signal.SIGSEGV
+    assert "rank 1 on node2 failed (killed by SIGSEGV)" in result.stderr
+    ok = run_dtrain("run", *ssh(ssh_hosts), "-H", "node3", "sh", "-c", "exit 0")
+    assert ok.returncode == 0
+
+
+def test_arguments_and_a_large_environment_arrive_intact(
+    ssh_hosts: TestHosts, mark: str, tmp_path: Path
+) -> None:
+    weird = ["a b", "it's", '"quoted"', "$HOME", "`id`", "new\nline", "semi;colon", "*"]
+    env_file = tmp_path / "big.env"  # 4 x 100 KB: more than one ssh command line could carry
+    env_file.write_text("".join(f"BIG{i}={chr(97 + i) * 100_000}\n" for i in range(4)))
+    code = (
+        "import json, os, socket, sys; print(json.dumps([socket.gethostname(), sys.argv[1:], "
+        "[os.environ[f'BIG{i}'] == chr(97 + i) * 100_000 for i in range(4)], os.getcwd()]))"
+    )
+    result = run_dtrain(
+        "run",
+        *ssh(ssh_hosts),
+        "-H",
+        "node2",
+        "--env-file",
+        str(env_file),
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        *py(code),
+        *weird,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = result.stdout.splitlines()[0].split("] ", 1)[1]
+    assert json.loads(line) == ["node2", weird, [True] * 4, os.getcwd()]
+
+
+def test_ctrl_c_stops_remote_ranks(ssh_hosts: TestHosts, mark: str) -> None:
+    proc = start_dtrain(
+        "run",
+        *ssh(ssh_hosts),
+        "-H",
+        "node1,node2,node3",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "sleep 300 & wait",
+    )
+    wait_for_pids(mark, 6)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert_nothing_left(ssh_hosts, mark)
+
+
+def test_killed_launcher_leaves_nothing_on_any_host(ssh_hosts: TestHosts, mark: str) -> None:
+    proc = start_dtrain(
+        "run",
+        *ssh(ssh_hosts),
+        "-H",
+        "node1:2,node2,node3",
+        "--grace",
+        "1",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "trap '' TERM; sleep 300 & sleep 300",
+    )
+    wait_for_pids(mark, 8)
+    assert watchdogs_on(ssh_hosts)
+    proc.kill()
+    proc.communicate(timeout=10)
+    started = time.monotonic()
+    assert_nothing_left(ssh_hosts, mark)
+    assert time.monotonic() - started < 5
+
+
+def test_unreachable_host_fails_within_the_timeout(ssh_hosts: TestHosts) -> None:
+    started = time.monotonic()
+    result = run_dtrain(
+        "run", *ssh(ssh_hosts), "--ssh-timeout", "2", "-H", "node1,198.18.0.99", "true"
+    )
+    assert time.monotonic() - started < 15
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "dtrain: error: 198.18.0.99: no answer on port 22 within 2s (hint: check that the host "
+        "is up and reachable, or raise --ssh-timeout)"
+    ]
+
+
+def test_refused_connection_names_the_host(ssh_hosts: TestHosts) -> None:
+    result = run_dtrain("run", *ssh(ssh_hosts), "--ssh-port", "2222", "-H", "node1", "true")
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        "dtrain: error: node1 (198.18.0.11): connection refused on port 2222"
+    )
+
+
+def test_refused_key(ssh_hosts: TestHosts, tmp_path: Path) -> None:
+    key = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    config = without_identity(ssh_hosts, tmp_path)
+    result = run_dtrain(
+        "run", "--ssh-config", str(config), "--ssh-identity", str(key), "-H", "node2", "true"
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        "dtrain: error: node2 (198.18.0.12): authentication failed for user root"
+    )
+
+
+def test_unknown_host_key_is_refused_then_trusted_on_request(
+    ssh_hosts: TestHosts, tmp_path: Path
+) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    lines = ssh_hosts.ssh_config.read_text()
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "\n".join(
+            f"  UserKnownHostsFile {known_hosts}"
+            if line.strip().lower().startswith("userknownhostsfile")
+            else line
+            for line in lines.splitlines()
+        )
+    )
+    refused = run_dtrain("run", "--ssh-config", str(config), "-H", "node3", "true")
+    assert refused.returncode == 1
+    assert "node3 (198.18.0.13): host key unknown" in refused.stderr
+    assert "ssh-keyscan -p 22 198.18.0.13 >> ~/.ssh/known_hosts" in refused.stderr
+    trusted = run_dtrain(
+        "run", "--ssh-config", str(config), "--accept-new-host-keys", "-H", "node3", "true"
+    )
+    assert trusted.returncode == 0, trusted.stderr
+    assert known_hosts.read_text().startswith("198.18.0.13 ssh-ed25519 ")
+    again = run_dtrain("run", "--ssh-config", str(config), "-H", "node3", "true")
+    assert again.returncode == 0, again.stderr
+
+
+def test_changed_host_key_is_refused(ssh_hosts: TestHosts, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(
+        "198.18.0.11 " + " ".join(other.with_suffix(".pub").read_text().split()[:2]) + "\n"
+    )
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "\n".join(
+            f"  UserKnownHostsFile {known_hosts}"
+            if line.strip().lower().startswith("userknownhostsfile")
+            else line
+            for line in ssh_hosts.ssh_config.read_text().splitlines()
+        )
+    )
+    result = run_dtrain("run", "--ssh-config", str(config), "-H", "node1", "true")
+    assert result.returncode == 1
+    assert "node1 (198.18.0.11): host key CHANGED" in result.stderr
+
+
+def test_missing_directory_or_program_on_a_host(ssh_hosts: TestHosts) -> None:
+    result = run_dtrain(
+        "run", *ssh(ssh_hosts), "-H", "node1", "--workdir", "/nonexistent-dtrain-dir", "true"
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        "dtrain: error: node1: working directory /nonexistent-dtrain-dir does not exist there"
+    )
+    missing = run_dtrain("run", *ssh(ssh_hosts), "-H", "node2", "no-such-program-xyz")
+    assert missing.returncode == 1
+    assert "node2: program 'no-such-program-xyz' not found there" in missing.stderr
+
+
+def test_marked_processes_are_visible_on_remote_hosts(ssh_hosts: TestHosts, mark: str) -> None:
+    """The no-orphan checks can fail: they do see remote ranks while they run."""
+    proc = start_dtrain(
+        "run", *ssh(ssh_hosts), "-H", "node3", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "30"
+    )
+    pids = wait_for_pids(mark, 1)
+    assert set(pids) <= set(processes_in("node3"))
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert_nothing_left(ssh_hosts, mark)
+    assert marked_pids(mark) == []
+    assert tagged("", 0) == []
+
+
+def test_check_reports_every_host(ssh_hosts: TestHosts) -> None:
+    result = run_dtrain(
+        "check",
+        *ssh(ssh_hosts),
+        "--ssh-timeout",
+        "2",
+        "-H",
+        "localhost,node1,node2,node3,198.18.0.99",
+        "--json",
+    )
+    assert result.returncode == 1  # one host is unreachable
+    rows = {row["host"]: row for row in json.loads(result.stdout)}
+    assert rows["198.18.0.99"]["ok"] is False
+    assert "no answer on port 22" in rows["198.18.0.99"]["error"]
+    for name in ("node1", "node2", "node3"):
+        row = rows[name]
+        assert row["ok"] and row["hostname"] == name
+        assert row["python_version"].count(".") == 2 and row["python"]
+        assert row["versions"]["dtrain"] is not None
+        assert row["rtt_ms"] is not None and row["rtt_ms"] >= 0
+        assert abs(row["clock_offset_ms"]) < 500  # one clock: the estimate must be close to 0
+        assert 1024 <= row["free_port"] <= 65535
+        assert row["gpus"] == 0
+    assert rows["localhost"]["ok"] and rows["localhost"]["rtt_ms"] is None
+    table = run_dtrain("check", *ssh(ssh_hosts), "-H", "node1,node2")
+    assert table.returncode == 0
+    assert "2 of 2 hosts ok" in table.stdout
