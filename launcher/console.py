@@ -101,13 +101,17 @@ class LineView:
         cached = self.prefixes.get(key)
         if cached is not None:
             return cached
-        tag = self.tag_format.format(
-            rank=spec.rank,
-            host=spec.host.name,
-            local_rank=spec.local_rank,
-            node_rank=spec.node_rank,
-            role=spec.role,
-            time=time.strftime("%H:%M:%S", time.localtime(self.clock())),
+        tag = (
+            f"[{spec.label}]"
+            if spec.label
+            else self.tag_format.format(
+                rank=spec.rank,
+                host=spec.host.name,
+                local_rank=spec.local_rank,
+                node_rank=spec.node_rank,
+                role=spec.role,
+                time=time.strftime("%H:%M:%S", time.localtime(self.clock())),
+            )
         )
         mark = STDERR_MARK if stream == "stderr" else ""
         if self.color:

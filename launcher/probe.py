@@ -80,7 +80,11 @@ def interface_towards(address: str) -> dict[str, str] | None:
                 except OSError:
                     continue  # SIOCGIFADDR: no IPv4 address on it
                 if socket.inet_ntoa(packed[20:24]) == local:
-                    return {"address": local, "interface": name}
+                    mask = fcntl.ioctl(s.fileno(), 0x891B, struct.pack("256s", name[:15].encode()))
+                    bits = bin(int.from_bytes(mask[20:24], "big")).count("1")
+                    net = int.from_bytes(socket.inet_aton(local), "big") & (~0 << (32 - bits))
+                    network = socket.inet_ntoa((net & 0xFFFFFFFF).to_bytes(4, "big"))
+                    return {"address": local, "interface": name, "network": f"{network}/{bits}"}
     except OSError:
         return None
     return None

@@ -1,0 +1,118 @@
+"""`dtrain run --mpi`: real Open MPI (from PyPI) and real mpi4py programs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_dtrain, tagged, wait_until_gone
+
+MPIRUN = Path(sys.executable).parent / "mpirun"
+pytestmark = pytest.mark.skipif(
+    not MPIRUN.exists() or shutil.which("python") is None,
+    reason="needs Open MPI and mpi4py in this environment (pip install 'dtrain[mpi]')",
+)
+
+
+def test_mpi4py_helloworld_has_one_world(mark: str) -> None:
+    pytest.importorskip("mpi4py")
+    result = run_dtrain(
+        "run",
+        "--mpi",
+        "-np",
+        "4",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "-m",
+        "mpi4py.bench",
+        "helloworld",
+    )
+    assert result.returncode == 0, result.stderr
+    host = os.uname().nodename
+    for rank in range(4):
+        assert tagged(result.stdout, rank) == [f"Hello, World! I am process {rank} of 4 on {host}."]
+
+
+def test_mpi4py_ringtest(mark: str) -> None:
+    pytest.importorskip("mpi4py")
+    result = run_dtrain(
+        "run",
+        "--mpi",
+        "-np",
+        "3",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "-m",
+        "mpi4py.bench",
+        "ringtest",
+        "-n",
+        "1024",
+        "-l",
+        "10",
+    )
+    assert result.returncode == 0, result.stderr
+    assert any("time for 10 loops" in line for line in tagged(result.stdout, 0))
+
+
+def test_failing_rank_under_mpi_gives_its_code_and_leaves_nothing(mark: str) -> None:
+    script = (
+        "echo up; if [ $OMPI_COMM_WORLD_RANK = 2 ]; then echo 'rank two gives up' >&2; exit 4; fi; "
+        "sleep 300 & wait"
+    )
+    result = run_dtrain(
+        "run", "--mpi", "-np", "3", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script
+    )
+    assert result.returncode == 4
+    assert "dtrain: rank 2 on localhost failed (exit code 4)" in result.stderr
+    assert "    rank two gives up" in result.stderr.splitlines()
+    assert wait_until_gone(mark) == []
+
+
+def test_rank_killed_by_signal_under_mpi(mark: str) -> None:
+    script = "if [ $OMPI_COMM_WORLD_RANK = 1 ]; then kill -KILL $$; fi; sleep 300"
+    result = run_dtrain(
+        "run", "--mpi", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script
+    )
+    assert result.returncode == 137
+    assert "rank 1 on localhost failed (killed by SIGKILL)" in result.stderr
+
+
+def test_dry_run_prints_the_mpirun_command() -> None:
+    result = run_dtrain(
+        "run",
+        "--mpi",
+        "--dry-run",
+        "--json",
+        "-np",
+        "4",
+        "-H",
+        "localhost:2,localhost2:2",
+        "-x",
+        "NCCL_DEBUG=INFO",
+        "python",
+        "train.py",
+    )
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    argv = plan["mpirun"]
+    assert argv[0].endswith("mpirun") and argv[1:3] == ["-np", "4"]
+    assert argv[-2:] == ["python", "train.py"]
+    assert "-x" in argv and "NCCL_DEBUG=INFO" in argv and "PYTHONUNBUFFERED=1" in argv
+    assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
+    assert plan["hostfile"] == "localhost slots=2\nlocalhost2 slots=2\n"
+    assert not any(a.startswith("RANK=") for a in argv)  # per-rank values come from mpirun
+
+
+def test_mpi4py_without_mpi_is_warned_about() -> None:
+    pytest.importorskip("mpi4py")
+    result = run_dtrain("run", "-np", "2", "python", "-m", "mpi4py.bench", "helloworld")
+    assert result.returncode == 0
+    assert "without --mpi every rank is an MPI singleton of size 1" in result.stderr
+    assert all("of 1 on" in line for line in result.stdout.splitlines())
