@@ -657,8 +657,8 @@ def launch_mpi(
     import tempfile
 
     from launcher.command import build_mpirun_argv
-    from launcher.console import format_failure, make_line_view
-    from launcher.mpi import MpiOutput, find_mpirun, mpirun_prefix, rank_specs, write_hostfile
+    from launcher.console import MpiOutput, format_failure, make_line_view, rank_specs
+    from launcher.mpi import find_mpirun, mpirun_prefix, write_hostfile
     from launcher.supervisor import RankReport, Supervisor
     from launcher.transport.local import LocalTransport
 

@@ -8,18 +8,28 @@ the hot path stays string joins).
 from __future__ import annotations
 
 import json
+import re
 import string
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TextIO
 
 from launcher.command import LaunchSpec
 from launcher.errors import LauncherError, UsageError
 from launcher.hosts import Host
+from launcher.plan import Plan
 from launcher.policy import describe_status
-from launcher.supervisor import JobResult
+from launcher.supervisor import JobResult, RankState
 from launcher.transport.base import Stream
 
+MPI_TAGGED = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
+MPI_FIRST_EXIT = re.compile(r"Process name: \[[^\]]*,(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
+MPI_FIRST_SIGNAL = re.compile(
+    r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)"
+)
+TAIL_LINES = 20
 DEFAULT_TAG = "[{rank}]"
 TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "time")
 RANK_COLORS = (
@@ -80,6 +90,9 @@ class LineView:
         self.clock = clock
         self.prefixes: dict[tuple[int, Stream], str] = {}
         self.broken: set[TextIO] = set()
+
+    def update(self, state: RankState) -> None:
+        """Rank states are not shown line by line."""
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         text = b"\n".join(lines).decode("utf-8", "replace").split("\n")
@@ -279,3 +292,70 @@ def print_check_report(rows: Sequence[Mapping[str, Any]], out: TextIO) -> None:
     console.print(table)
     failed = sum(1 for row in rows if not row["ok"])
     console.print(f"{len(rows) - failed} of {len(rows)} hosts ok", highlight=False)
+
+
+class MpiOutput:
+    """An output sink in front of the view: splits mpirun's ``[1,R]<stream>:`` lines by rank.
+
+    Lines without a tag are mpirun's own and are shown under the mpirun spec.
+    """
+
+    def __init__(self, view: object, specs: Mapping[int, LaunchSpec], launcher: LaunchSpec) -> None:
+        self.view = view
+        self.specs = specs
+        self.launcher = launcher
+        self.own_lines: list[str] = []
+        self.tails: dict[int, deque[str]] = {}
+
+    def update(self, state: RankState) -> None:
+        """Rank states are not shown line by line."""
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        batch: list[bytes] = []
+        current: tuple[int, Stream] | None = None
+        for line in lines:
+            match = MPI_TAGGED.match(line)
+            key: tuple[int, Stream]
+            if match and int(match[1]) in self.specs:
+                key = (int(match[1]), "stdout" if match[2] == b"stdout" else "stderr")
+                text = line[match.end() :]
+            else:
+                key, text = (-1, stream), line
+                self.own_lines.append(line.decode("utf-8", "replace"))
+            if key[0] >= 0 and key[1] == "stderr":
+                self.tails.setdefault(key[0], deque(maxlen=TAIL_LINES)).append(
+                    text.decode("utf-8", "replace")
+                )
+            if key != current and batch and current is not None:
+                self.forward(current, batch)
+                batch = []
+            current = key
+            batch.append(text)
+        if batch and current is not None:
+            self.forward(current, batch)
+
+    def forward(self, key: tuple[int, Stream], lines: list[bytes]) -> None:
+        rank, stream = key
+        spec = self.specs[rank] if rank >= 0 else self.launcher
+        self.view.show(spec, stream, lines)  # type: ignore[attr-defined]
+
+    def first_failure(self) -> tuple[int, int] | None:
+        """(rank, status) of the first failed rank, from mpirun's own report."""
+        text = "\n".join(self.own_lines)
+        exit_match = MPI_FIRST_EXIT.search(text)
+        if exit_match:
+            return int(exit_match[1]), int(exit_match[2])
+        signal_match = MPI_FIRST_SIGNAL.search(text)
+        if signal_match:
+            return int(signal_match[1]), -int(signal_match[3])
+        return None
+
+
+def rank_specs(plan: Plan, template: LaunchSpec) -> dict[int, LaunchSpec]:
+    """Specs that stand for each MPI rank in the view (tags show rank and host)."""
+    return {
+        r.rank: replace(
+            template, rank=r.rank, host=r.host, local_rank=r.local_rank, node_rank=r.node_rank
+        )
+        for r in plan.ranks
+    }

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import BinaryIO, Protocol
@@ -44,8 +44,41 @@ STREAMS: tuple[Stream, Stream] = ("stdout", "stderr")
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+@dataclass(frozen=True)
+class RankState:
+    """What is known of one rank: where it runs, since when, how it ended."""
+
+    rank: int
+    host: str
+    role: str
+    pid: int
+    started: float  # wall-clock time
+    status: int | None = None  # exit code, or -N for signal N
+    ended: float | None = None
+    restarts: int = 0
+
+
 class OutputSink(Protocol):
+    """Where the supervisor sends what happens: output lines and rank states."""
+
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None: ...
+
+    def update(self, state: RankState) -> None: ...
+
+
+class Tee:
+    """One sink made of several (the job directory and the terminal, say)."""
+
+    def __init__(self, *sinks: OutputSink) -> None:
+        self.sinks = sinks
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        for sink in self.sinks:
+            sink.show(spec, stream, lines)
+
+    def update(self, state: RankState) -> None:
+        for sink in self.sinks:
+            sink.update(state)
 
 
 @dataclass(frozen=True)
@@ -99,6 +132,7 @@ Message = Output | StreamEnd | Exit | Signalled
 class RankTrack:
     spec: LaunchSpec
     process: Process
+    state: RankState
     open_streams: int = 2
     status: int | None = None
     tails: dict[Stream, deque[bytes]] = field(
@@ -115,6 +149,7 @@ class Supervisor:
         *,
         grace_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         output_dir: Path | None = None,
         handle_signals: bool = True,
     ) -> None:
@@ -123,6 +158,7 @@ class Supervisor:
         self.sink = sink
         self.grace_s = grace_s
         self.clock = clock
+        self.wall_clock = wall_clock
         self.output_dir = output_dir
         self.handle_signals = handle_signals
         self.events: queue.SimpleQueue[Message] = queue.SimpleQueue()
@@ -203,6 +239,8 @@ class Supervisor:
             track.open_streams -= 1
         else:
             track.status = message.status
+            track.state = replace(track.state, status=message.status, ended=self.wall_clock())
+            self.sink.update(track.state)
             return RankExited(message.rank, message.status)
         return None
 
@@ -230,7 +268,9 @@ class Supervisor:
 
     def start(self, spec: LaunchSpec) -> None:
         process = self.transport.start(spec)
-        self.tracks[spec.rank] = RankTrack(spec, process)
+        state = RankState(spec.rank, spec.host.name, spec.role, process.pid, self.wall_clock())
+        self.tracks[spec.rank] = RankTrack(spec, process, state)
+        self.sink.update(state)
         for stream in STREAMS:
             copy = self.open_copy(spec.rank, stream)
             threading.Thread(

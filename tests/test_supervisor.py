@@ -7,7 +7,7 @@ import threading
 
 from launcher.command import LaunchSpec
 from launcher.hosts import Host
-from launcher.supervisor import JobResult, RankReport, Signalled, Supervisor
+from launcher.supervisor import JobResult, RankReport, RankState, Signalled, Supervisor
 from launcher.transport.base import Stream
 
 
@@ -71,9 +71,13 @@ class FakeTransport:
 class RecordingSink:
     def __init__(self) -> None:
         self.lines: list[tuple[int, Stream, bytes]] = []
+        self.states: list[RankState] = []
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         self.lines.extend((spec.rank, stream, line) for line in lines)
+
+    def update(self, state: RankState) -> None:
+        self.states.append(state)
 
 
 def specs(count: int) -> list[LaunchSpec]:
