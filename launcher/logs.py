@@ -2,7 +2,9 @@
 
 A rank's stream arrives in arbitrary chunks; ``LineFramer`` cuts it into
 whole lines on ``\\n``, ``\\r\\n`` and bare ``\\r`` (progress bars), never
-tearing a line across chunks.  Bytes stay bytes here: decoding (with
+tearing a line across chunks.  A line that a bare ``\\r`` ended keeps that
+``\\r`` as a marker: it is a progress update, which a live view redraws in
+place and a log file skips (keeping the final state).  Bytes stay bytes here: decoding (with
 replacement of invalid UTF-8) happens where text is shown.
 """
 
@@ -12,7 +14,8 @@ import re
 from collections.abc import Callable
 from typing import BinaryIO
 
-LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+LINE_BREAK = re.compile(rb"(\r\n|\r|\n)")
+PROGRESS = b"\r"  # kept at the end of a line a bare \r ended: a progress update
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a longer "line" is cut; 1 MB lines pass whole
 READ_BYTES = 256 * 1024
 
@@ -44,7 +47,7 @@ class LineFramer:
         hold_cr = buf.endswith(b"\r")
         if hold_cr:
             buf = buf[:-1]
-        parts = LINE_BREAK.split(buf)
+        parts = split_lines(buf)
         rest = parts.pop()
         if len(rest) > self.max_line_bytes:
             cut = len(rest) - len(rest) % self.max_line_bytes
@@ -63,6 +66,22 @@ class LineFramer:
             rest = rest[:-1]
             return [rest]
         return [rest] if rest else []
+
+
+def split_lines(buf: bytes) -> list[bytes]:
+    """Split on \\n, \\r\\n and \\r; a line ended by a bare \\r keeps it (progress update)."""
+    if b"\r" not in buf:
+        return buf.split(b"\n")
+    pieces = LINE_BREAK.split(buf)
+    lines = pieces[0::2]
+    for i, separator in enumerate(pieces[1::2]):
+        if separator == b"\r":
+            lines[i] += PROGRESS
+    return lines
+
+
+def strip_progress(line: bytes) -> bytes:
+    return line[:-1] if line.endswith(PROGRESS) else line
 
 
 LineSink = Callable[[list[bytes]], None]

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import BinaryIO, Protocol
 
 from launcher.command import LaunchSpec
-from launcher.logs import pump_stream
+from launcher.logs import pump_stream, strip_progress
 from launcher.policy import (
     Event,
     Finish,
@@ -348,6 +348,8 @@ class Supervisor:
             rank=rank,
             host=track.spec.host.name,
             status=track.status if track.status is not None else -signal.SIGKILL,
-            last_lines=tuple(line.decode("utf-8", "replace") for line in track.tails[stream]),
+            last_lines=tuple(
+                strip_progress(line).decode("utf-8", "replace") for line in track.tails[stream]
+            ),
             stream=stream,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -17,6 +18,7 @@ from tests.testhosts import TestHosts, unavailable_reason
 REPO = Path(__file__).resolve().parent.parent
 DTRAIN = [sys.executable, "-m", "launcher"]
 MARK = "DTRAIN_TEST_MARK"
+JOBS = Path(tempfile.mkdtemp(prefix="dtrain-test-jobs-"))  # job directories of this test run
 
 
 def child_env() -> dict[str, str]:
@@ -24,6 +26,7 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.pop("NO_COLOR", None)
+    env["DTRAIN_JOB_DIR"] = str(JOBS)
     return env
 
 

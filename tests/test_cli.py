@@ -143,7 +143,9 @@ def test_hostfile_gpus_and_hosts_command(tmp_path: Path) -> None:
         (["run", "--bogus", "true"], "dtrain: error: No such option '--bogus'"),
         (["run", "-np", "two", "true"], "dtrain: error: Invalid value for '-np'"),
         (["run", "-np", "2"], "dtrain: error: Missing argument 'COMMAND...'"),
-        (["run", "--json", "true"], "dtrain: error: --json needs --dry-run"),
+        (["run", "--ranks", "x", "true"], "dtrain: error: --ranks 'x': not a list of ranks"),
+        (["logs", "--since", "yesterday"], "dtrain: error: --since 'yesterday': not a duration"),
+        (["stop", "no-such-job"], "dtrain: error: no job matching 'no-such-job'"),
         (
             ["run", "--tag-format", "{nope}", "true"],
             "dtrain: error: --tag-format '{nope}': unknown field {nope}",

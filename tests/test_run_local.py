@@ -58,7 +58,10 @@ def test_stderr_lines_are_marked_and_kept_apart(mark: str) -> None:
     )
     assert result.returncode == 0
     assert sorted(result.stdout.splitlines()) == ["[0] out 0", "[1] out 1"]
-    assert sorted(result.stderr.splitlines()) == ["[0]<stderr> err 0", "[1]<stderr> err 1"]
+    assert sorted(ln for ln in result.stderr.splitlines() if not ln.startswith("dtrain:")) == [
+        "[0]<stderr> err 0",
+        "[1]<stderr> err 1",
+    ]
 
 
 def test_failing_rank_stops_the_others_and_sets_the_exit_code(mark: str) -> None:
@@ -67,7 +70,11 @@ def test_failing_rank_stops_the_others_and_sets_the_exit_code(mark: str) -> None
     result = run_dtrain("run", "-np", "4", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script)
     assert result.returncode == 3
     assert time.monotonic() - started < 30
-    summary = [line for line in result.stderr.splitlines() if line.startswith("dtrain:")]
+    summary = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith("dtrain:") and not line.startswith("dtrain: job ")
+    ]
     assert summary[0] == (
         "dtrain: rank 2 on localhost failed (exit code 3); "
         "stopped the other 3 ranks; dtrain exits 3"
