@@ -1,0 +1,225 @@
+"""Jobs and logs: the job directory, dtrain logs/jobs/stop, --detach, --json, filters."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from launcher.jobs import LogReader, find_job, parse_duration
+from tests.conftest import (
+    DTRAIN,
+    JOBS,
+    REPO,
+    child_env,
+    py,
+    run_dtrain,
+    start_dtrain,
+    tagged,
+    wait_for_pids,
+    wait_until_gone,
+)
+
+
+def job_id_of(stderr: str) -> str:
+    line = next(ln for ln in stderr.splitlines() if ln.startswith("dtrain: job "))
+    return line.split()[2]
+
+
+def test_job_directory_keeps_plan_status_and_timestamped_logs(mark: str) -> None:
+    script = "echo out $RANK; echo err $RANK >&2; printf 'p 1\\rp 2\\rp done\\n'; exit $RANK"
+    result = run_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script)
+    assert result.returncode == 1
+    job = JOBS / job_id_of(result.stderr)
+    meta = json.loads((job / "meta.json").read_text())
+    assert meta["world_size"] == 2 and meta["command"] == ["sh", "-c", script]
+    plan = json.loads((job / "plan.json").read_text())
+    assert [(e["rank"], e["host"]) for e in plan] == [(0, "localhost"), (1, "localhost")]
+    status = json.loads((job / "status.json").read_text())
+    assert status["state"] == "failed" and status["exit_code"] == 1
+    assert {r: (s["host"], s["status"]) for r, s in status["ranks"].items()} == {
+        "0": ("localhost", 0),
+        "1": ("localhost", 1),
+    }
+    assert all(s["pid"] > 0 and s["ended"] >= s["started"] for s in status["ranks"].values())
+    log = (job / "rank.1.log").read_text().splitlines()
+    stamps = [float(line.split(" ", 2)[0]) for line in log]
+    assert stamps == sorted(stamps) and abs(stamps[0] - time.time()) < 120
+    assert sorted(line.split(" ", 1)[1] for line in log) == sorted(
+        ["o out 1", "e err 1", "o p done"]
+    )
+
+
+def test_logs_after_the_job_with_filters(mark: str) -> None:
+    code = (
+        "import os, sys, time\n"
+        "r = os.environ['RANK']\n"
+        "for i in range(3):\n"
+        "    print(f'rank {r} step {i}', flush=True); time.sleep(0.05)\n"
+        "print(f'rank {r} warn', file=sys.stderr)\n"
+    )
+    result = run_dtrain("run", "-np", "3", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code))
+    assert result.returncode == 0
+    job = job_id_of(result.stderr)
+    everything = run_dtrain("logs", job)
+    assert everything.returncode == 0
+    lines = everything.stdout.splitlines()
+    assert len(lines) == 12
+    for rank in range(3):
+        assert tagged(everything.stdout, rank) == [f"rank {rank} step {i}" for i in range(3)]
+        assert f"[{rank}]<stderr> rank {rank} warn" in lines
+    only = run_dtrain("logs", job, "--rank", "0,2", "--grep", "step [12]").stdout.splitlines()
+    assert sorted(only) == sorted(f"[{r}] rank {r} step {i}" for r in (0, 2) for i in (1, 2))
+    assert run_dtrain("logs", job, "--role", "ps").stdout == ""
+    assert run_dtrain("logs", job, "--since", "1h").stdout == everything.stdout
+    latest = run_dtrain("logs")  # no job named: the latest
+    assert latest.stdout == everything.stdout
+
+
+def test_follow_a_running_job_from_another_process(mark: str) -> None:
+    code = (
+        "import os, time\n"
+        "for i in range(20):\n"
+        "    print(f\"{os.environ['RANK']}:{i}\", flush=True); time.sleep(0.05)\n"
+        "raise SystemExit(5 if os.environ['RANK'] == '1' else 0)\n"
+    )
+    job = start_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code))
+    wait_for_pids(mark, 2)
+    follower = subprocess.run(
+        [*DTRAIN, "logs", "-f"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        timeout=60,
+    )
+    job.communicate(timeout=60)
+    assert follower.returncode == 5  # the job's exit code
+    for rank in range(2):
+        assert tagged(follower.stdout, rank) == [f"{rank}:{i}" for i in range(20)]
+
+
+def test_detach_then_stop_leaves_nothing(mark: str) -> None:
+    result = run_dtrain(
+        "run",
+        "--detach",
+        "-np",
+        "2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "echo started; sleep 300 & wait",
+    )
+    assert result.returncode == 0, result.stderr
+    job = result.stdout.strip()
+    wait_for_pids(mark, 2 * 3)
+    listed = run_dtrain("jobs").stdout
+    assert any(line.startswith(job) and " running " in line for line in listed.splitlines())
+    stopped = run_dtrain("stop", job)
+    assert stopped.returncode == 0, stopped.stderr
+    assert wait_until_gone(mark) == []
+    assert json.loads((JOBS / job / "status.json").read_text())["state"] == "stopped"
+    assert "[0] started" in run_dtrain("logs", job).stdout
+    again = run_dtrain("stop", job)
+    assert again.returncode == 2 and "is not running (stopped)" in again.stderr
+
+
+def test_detached_job_that_cannot_start_reports_its_error() -> None:
+    result = run_dtrain("run", "--detach", "-np", "2", "no-such-program-xyz")
+    assert result.returncode == 2
+    assert "program 'no-such-program-xyz' not found" in result.stderr
+
+
+def test_json_lines_parse(mark: str) -> None:
+    result = run_dtrain(
+        "run",
+        "--json",
+        "-np",
+        "2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "echo hello $RANK; echo oops >&2",
+    )
+    assert result.returncode == 0
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted((r["rank"], r["stream"], r["text"]) for r in records) == [
+        (0, "stderr", "oops"),
+        (0, "stdout", "hello 0"),
+        (1, "stderr", "oops"),
+        (1, "stdout", "hello 1"),
+    ]
+    assert all(
+        r["host"] == "localhost" and r["role"] == "worker" and r["time"] > 0 for r in records
+    )
+
+
+def test_ranks_and_quiet_filter_the_terminal_not_the_job_directory(mark: str) -> None:
+    shown = run_dtrain(
+        "run",
+        "-np",
+        "3",
+        "--ranks",
+        "1",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "echo hi $RANK",
+    )
+    assert shown.stdout.splitlines() == ["[1] hi 1"]
+    kept = run_dtrain("logs", job_id_of(shown.stderr)).stdout.splitlines()
+    assert sorted(kept) == ["[0] hi 0", "[1] hi 1", "[2] hi 2"]
+    quiet = run_dtrain(
+        "run",
+        "-np",
+        "2",
+        "--quiet",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "echo hi; exit 2",
+    )
+    assert quiet.stdout == "" and quiet.returncode == 2
+    assert "dtrain: rank 0 on localhost failed (exit code 2)" in quiet.stderr
+
+
+def test_every_line_reaches_the_job_directory_under_load(mark: str) -> None:
+    lines = 50_000
+    code = (
+        "import os, sys\n"
+        "r = os.environ['RANK']\n"
+        f"sys.stdout.write(''.join(f'{{r}} {{i}}\\n' for i in range({lines})))\n"
+    )
+    result = run_dtrain("run", "-np", "4", "--quiet", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code))
+    assert result.returncode == 0
+    reader = LogReader(find_job(JOBS, job_id_of(result.stderr)))
+    got = reader.read_new()
+    for rank in range(4):
+        texts = [line.text for line in got if line.rank == rank]
+        assert texts == [f"{rank} {i}".encode() for i in range(lines)]
+
+
+def test_prune_removes_finished_jobs(tmp_path: Path) -> None:
+    env = child_env()
+    env["DTRAIN_JOB_DIR"] = str(tmp_path)
+    assert run_dtrain("run", "-np", "1", "true", env=env).returncode == 0
+    assert len(list(tmp_path.iterdir())) == 1
+    pruned = run_dtrain("jobs", "--prune", env=env)
+    assert pruned.returncode == 0 and "removed 1 finished job(s)" in pruned.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_durations() -> None:
+    assert [parse_duration(t) for t in ("90", "90s", "10m", "2h", "1d", "1.5m")] == [
+        90,
+        90,
+        600,
+        7200,
+        86400,
+        90,
+    ]
