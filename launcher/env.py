@@ -43,6 +43,7 @@ def build_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
         "MASTER_PORT": str(options.master_port),
         "DTRAIN_JOB_ID": options.job_id,
         "DTRAIN_HOST": rank.host.name,
+        "DTRAIN_ROLE": rank.role,
         "PYTHONUNBUFFERED": "1",
     }
     if rank.local_world_size > 1 and "OMP_NUM_THREADS" not in options.base_env:
@@ -72,6 +73,41 @@ def build_tf_configs(
     return {
         r.rank: json.dumps(
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": r.rank}},
+            separators=(",", ":"),
+        )
+        for r in plan.ranks
+    }
+
+
+# gRPC would send TensorFlow's traffic through these.
+PROXY_VARIABLES = (
+    "http_proxy",
+    "https_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "all_proxy",
+    "ALL_PROXY",
+    "grpc_proxy",
+    "no_grpc_proxy",
+)
+
+
+def build_ps_tf_configs(
+    plan: Plan, ports: Mapping[int, int], addresses: Mapping[str, str]
+) -> dict[int, str]:
+    """``TF_CONFIG`` for ParameterServerStrategy: the same cluster in every task.
+
+    The cluster lists chief, workers and ps by task index; an evaluator is
+    not part of the cluster (TensorFlow's convention) but gets its task.
+    """
+    cluster: dict[str, list[str]] = {}
+    for rank in plan.ranks:
+        if rank.role != "evaluator":
+            address = addresses.get(rank.host.name, rank.host.name)
+            cluster.setdefault(rank.role, []).append(format_host_port(address, ports[rank.rank]))
+    return {
+        r.rank: json.dumps(
+            {"cluster": cluster, "task": {"type": r.role, "index": r.task_index}},
             separators=(",", ":"),
         )
         for r in plan.ranks

@@ -28,6 +28,8 @@ class Rank:
     local_world_size: int
     world_size: int
     gpus: tuple[str, ...] | None = None  # CUDA_VISIBLE_DEVICES, None: not bound
+    role: str = "worker"  # chief, worker, ps or evaluator in parameter-server jobs
+    task_index: int = 0  # index among the ranks of the same role
 
 
 @dataclass(frozen=True)
@@ -124,12 +126,19 @@ def plan_ranks(
             raise PlanError(f"-np {np}: must be at least 1")
         counts = count_ranks_per_host(hosts, np, oversubscribe, map_by)
     order = assign_by_slot(counts) if map_by == "slot" else assign_by_node(counts)
-    used = [i for i, c in enumerate(counts) if c > 0]
+    return place(hosts, order, [("worker", i) for i in range(len(order))])
+
+
+def place(hosts: Sequence[Host], order: Sequence[int], roles: Sequence[tuple[str, int]]) -> Plan:
+    """Ranks from the host index of each rank (in rank order) and its (role, task index)."""
+    counts = [0] * len(hosts)
+    for host_index in order:
+        counts[host_index] += 1
+    used = sorted({i for i in order})
     node_rank_of = {host_index: n for n, host_index in enumerate(used)}
-    world_size = len(order)
     local_seen = [0] * len(hosts)
     ranks: list[Rank] = []
-    for rank, host_index in enumerate(order):
+    for rank, (host_index, (role, index)) in enumerate(zip(order, roles, strict=True)):
         ranks.append(
             Rank(
                 rank=rank,
@@ -137,11 +146,97 @@ def plan_ranks(
                 local_rank=local_seen[host_index],
                 node_rank=node_rank_of[host_index],
                 local_world_size=counts[host_index],
-                world_size=world_size,
+                world_size=len(order),
+                role=role,
+                task_index=index,
             )
         )
         local_seen[host_index] += 1
     return Plan(tuple(ranks))
+
+
+def plan_ps(
+    hosts: Sequence[Host],
+    workers: int,
+    ps: int,
+    *,
+    ps_hosts: Sequence[Host] | None = None,
+    worker_hosts: Sequence[Host] | None = None,
+    chief: bool = True,
+    evaluator: bool = False,
+    oversubscribe: bool = False,
+) -> Plan:
+    """Place a parameter-server job: chief, workers, ps tasks (and an evaluator).
+
+    Workers fill the slots of the worker hosts (as ``dtrain run`` places
+    ranks); ps tasks hold variables on CPU and take no slot: they are spread
+    over the ps hosts first, one per host, before any host gets a second.  The
+    chief goes on the first worker host, the evaluator on the last.  Ranks are
+    in TensorFlow's order (chief, workers, ps, evaluator), or with
+    ``chief=False`` (torch.distributed.rpc) ps first, then workers.
+    """
+    if workers < 1 or ps < 1:
+        raise PlanError(
+            f"--workers {workers} --ps {ps}: a parameter-server job needs at least one of each",
+            "pass e.g. --workers 2 --ps 1",
+        )
+    worker_side = list(worker_hosts or hosts)
+    ps_side = list(ps_hosts or hosts)
+    if not worker_side or not ps_side:
+        raise PlanError("no hosts to place tasks on", "pass -H HOST[:SLOTS] or --hostfile FILE")
+    all_hosts: list[Host] = []
+    for host in [*worker_side, *ps_side]:
+        if all(h.name != host.name for h in all_hosts):
+            all_hosts.append(host)
+    index = {h.name: i for i, h in enumerate(all_hosts)}
+    counts = count_ranks_per_host(worker_side, workers, oversubscribe)
+    worker_at = [index[worker_side[i].name] for i in assign_by_slot(counts)]
+    ps_at = [index[ps_side[i % len(ps_side)].name] for i in range(ps)]
+    chief_at = [index[worker_side[0].name]] if chief else []
+    evaluator_at = [index[worker_side[-1].name]] if evaluator else []
+    tasks = (
+        [("chief", chief_at), ("worker", worker_at), ("ps", ps_at), ("evaluator", evaluator_at)]
+        if chief
+        else [("ps", ps_at), ("worker", worker_at), ("evaluator", evaluator_at)]
+    )
+    order = [host for _, hosts_of_role in tasks for host in hosts_of_role]
+    roles = [(role, i) for role, hosts_of_role in tasks for i in range(len(hosts_of_role))]
+    return place(all_hosts, order, roles)
+
+
+def bind_ps_gpus(
+    plan: Plan,
+    inventory: Mapping[str, tuple[str, ...]],
+    gpus_per_rank: int | None = None,
+    ps_gpus: bool = False,
+) -> Plan:
+    """GPUs for workers and the evaluator, counted among those on each host; none for the
+    chief and ps tasks (``CUDA_VISIBLE_DEVICES=""``) unless ``ps_gpus``, which leaves ps
+    tasks unbound."""
+    compute = [r for r in plan.ranks if r.role in ("worker", "evaluator")]
+    per_host: dict[str, int] = {}
+    for rank in compute:
+        per_host[rank.host.name] = per_host.get(rank.host.name, 0) + 1
+    seen: dict[str, int] = {}
+    renumbered = {}
+    for rank in compute:
+        renumbered[rank.rank] = replace(
+            rank, local_rank=seen.get(rank.host.name, 0), local_world_size=per_host[rank.host.name]
+        )
+        seen[rank.host.name] = seen.get(rank.host.name, 0) + 1
+    bound = {
+        r.rank: r
+        for r in bind_gpus(Plan(tuple(renumbered.values())), inventory, gpus_per_rank).ranks
+    }
+    result = []
+    for rank in plan.ranks:
+        if rank.rank in bound:
+            result.append(replace(rank, gpus=bound[rank.rank].gpus))
+        elif rank.role == "ps" and ps_gpus:
+            result.append(rank)
+        else:
+            result.append(replace(rank, gpus=()))
+    return Plan(tuple(result))
 
 
 def assign_by_slot(counts: Sequence[int]) -> list[int]:

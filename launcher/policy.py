@@ -8,12 +8,22 @@ action it returns (DESIGN.md rule 3).  The rules:
   the others and exit with its code (128 + N for signal N);
 * the first SIGINT/SIGTERM to dtrain stops the job gracefully, a second one
   kills at once; the exit code is 128 + that signal.
+
+Parameter-server jobs (``roles`` set) follow the task roles instead:
+
+* the chief's exit ends the job: the others are stopped and dtrain exits with
+  the chief's code (a failing chief is the failure reported);
+* a ps task exiting, whatever its code, fails the job (ps tasks never end by
+  themselves);
+* a worker that fails is restarted in place while its restart budget lasts;
+  otherwise the chief carries on without it; an evaluator may come and go.
 """
 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,14 @@ class Finish:
     exit_code: int
 
 
-Action = Continue | StopAll | KillAll | Finish
+@dataclass(frozen=True)
+class Restart:
+    """Start this rank again, with the same spec."""
+
+    rank: int
+
+
+Action = Continue | StopAll | KillAll | Finish | Restart
 
 
 @dataclass(frozen=True)
@@ -71,11 +88,16 @@ class JobState:
     interrupt: int | None = None  # the signal that stopped dtrain
     stopping: bool = False
     killing: bool = False
+    roles: Mapping[int, str] = field(default_factory=dict)  # set: parameter-server rules
+    restarts_left: Mapping[int, int] = field(default_factory=dict)
+    chief_status: int | None = None
 
     @property
     def exit_code(self) -> int:
         if self.failure is not None:
             return exit_code_of(self.failure.status)
+        if self.chief_status is not None:
+            return exit_code_of(self.chief_status)
         if self.interrupt is not None:
             return 128 + self.interrupt
         return 0
@@ -96,11 +118,19 @@ def describe_status(status: int) -> str:
     return f"exit code {status}"
 
 
-def start_state(ranks: frozenset[int]) -> JobState:
-    return JobState(running=ranks)
+def start_state(
+    ranks: frozenset[int],
+    roles: Mapping[int, str] | None = None,
+    worker_restarts: int = 0,
+) -> JobState:
+    roles = dict(roles or {})
+    budget = {r: worker_restarts for r, role in roles.items() if role == "worker"}
+    return JobState(running=ranks, roles=roles, restarts_left=budget)
 
 
 def decide(state: JobState, event: Event) -> tuple[JobState, Action]:
+    if isinstance(event, RankExited) and state.roles and not state.stopping:
+        return decide_by_role(state, event)
     if isinstance(event, RankExited):
         state = replace(state, running=state.running - {event.rank})
         if event.status != 0 and state.failure is None and not state.stopping:
@@ -119,4 +149,24 @@ def decide(state: JobState, event: Event) -> tuple[JobState, Action]:
     # GraceExpired
     if state.running and not state.killing:
         return replace(state, killing=True), KillAll()
+    return state, Continue()
+
+
+def decide_by_role(state: JobState, event: RankExited) -> tuple[JobState, Action]:
+    """A rank of a parameter-server job exited while the job runs."""
+    role = state.roles.get(event.rank, "worker")
+    left = state.restarts_left.get(event.rank, 0)
+    if role == "worker" and event.status != 0 and left > 0:
+        budget = {**state.restarts_left, event.rank: left - 1}
+        return replace(state, restarts_left=budget), Restart(event.rank)
+    state = replace(state, running=state.running - {event.rank})
+    if role == "chief":
+        failure = Failure(event.rank, event.status) if event.status != 0 else None
+        state = replace(state, chief_status=event.status, failure=failure, stopping=True)
+    elif role == "ps":
+        state = replace(state, failure=Failure(event.rank, event.status), stopping=True)
+    if state.stopping:
+        return state, (StopAll() if state.running else Finish(state.exit_code))
+    if not state.running:
+        return state, Finish(state.exit_code)
     return state, Continue()

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -31,6 +31,7 @@ from launcher.policy import (
     JobState,
     KillAll,
     RankExited,
+    Restart,
     StopAll,
     decide,
     start_state,
@@ -102,21 +103,35 @@ class JobResult:
     statuses: dict[int, int | None] = field(default_factory=dict)
 
 
+@dataclass(eq=False)
+class RankTrack:
+    """One run of one rank (a restart is a new track)."""
+
+    spec: LaunchSpec
+    process: Process
+    state: RankState
+    open_streams: int = 2
+    status: int | None = None
+    tails: dict[Stream, deque[bytes]] = field(
+        default_factory=lambda: {s: deque(maxlen=TAIL_LINES) for s in STREAMS}
+    )
+
+
 @dataclass(frozen=True)
 class Output:
-    rank: int
+    track: RankTrack
     stream: Stream
     lines: list[bytes]
 
 
 @dataclass(frozen=True)
 class StreamEnd:
-    rank: int
+    track: RankTrack
 
 
 @dataclass(frozen=True)
 class Exit:
-    rank: int
+    track: RankTrack
     status: int
 
 
@@ -126,18 +141,6 @@ class Signalled:
 
 
 Message = Output | StreamEnd | Exit | Signalled
-
-
-@dataclass
-class RankTrack:
-    spec: LaunchSpec
-    process: Process
-    state: RankState
-    open_streams: int = 2
-    status: int | None = None
-    tails: dict[Stream, deque[bytes]] = field(
-        default_factory=lambda: {s: deque(maxlen=TAIL_LINES) for s in STREAMS}
-    )
 
 
 class Supervisor:
@@ -152,6 +155,8 @@ class Supervisor:
         wall_clock: Callable[[], float] = time.time,
         output_dir: Path | None = None,
         handle_signals: bool = True,
+        roles: Mapping[int, str] | None = None,
+        worker_restarts: int = 0,
     ) -> None:
         self.specs = list(specs)
         self.transport = transport
@@ -161,6 +166,9 @@ class Supervisor:
         self.wall_clock = wall_clock
         self.output_dir = output_dir
         self.handle_signals = handle_signals
+        self.roles = roles
+        self.worker_restarts = worker_restarts
+        self.retired: list[RankTrack] = []  # earlier runs of restarted ranks
         self.events: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self.tracks: dict[int, RankTrack] = {}
         self.stop_requested = False
@@ -177,7 +185,7 @@ class Supervisor:
                 if self.stop_requested:
                     break  # Ctrl-C during start-up: start no more ranks
                 self.start(spec)
-            state = start_state(frozenset(self.tracks))
+            state = start_state(frozenset(self.tracks), self.roles, self.worker_restarts)
             state = self.loop(state)
             self.drain()
         finally:
@@ -205,7 +213,9 @@ class Supervisor:
             state, action = decide(state, event)
             if isinstance(action, Finish):
                 return state
-            if isinstance(action, StopAll):
+            if isinstance(action, Restart):
+                self.restart(action.rank)
+            elif isinstance(action, StopAll):
                 self.signal_running(signal.SIGTERM)
                 deadline = self.clock() + self.grace_s
             elif isinstance(action, KillAll):
@@ -231,7 +241,7 @@ class Supervisor:
         """Show output, count closed streams; exits and signals become policy events."""
         if isinstance(message, Signalled):
             return Interrupted(message.signum)
-        track = self.tracks[message.rank]
+        track = message.track
         if isinstance(message, Output):
             track.tails[message.stream].extend(message.lines)
             self.sink.show(track.spec, message.stream, message.lines)
@@ -241,7 +251,7 @@ class Supervisor:
             track.status = message.status
             track.state = replace(track.state, status=message.status, ended=self.wall_clock())
             self.sink.update(track.state)
-            return RankExited(message.rank, message.status)
+            return RankExited(track.spec.rank, message.status)
         return None
 
     def drain(self) -> None:
@@ -251,7 +261,8 @@ class Supervisor:
         everything may hold one open), but never drops what was already read.
         """
         end = self.clock() + DRAIN_S
-        while any(t.open_streams for t in self.tracks.values()) and self.clock() < end:
+        tracks = [*self.tracks.values(), *self.retired]
+        while any(t.open_streams for t in tracks) and self.clock() < end:
             try:
                 message = self.events.get(timeout=max(0.0, end - self.clock()))
             except queue.Empty:
@@ -266,34 +277,40 @@ class Supervisor:
 
     # -- starting and stopping ranks ---------------------------------------
 
-    def start(self, spec: LaunchSpec) -> None:
+    def start(self, spec: LaunchSpec, restarts: int = 0) -> None:
         process = self.transport.start(spec)
-        state = RankState(spec.rank, spec.host.name, spec.role, process.pid, self.wall_clock())
-        self.tracks[spec.rank] = RankTrack(spec, process, state)
+        state = RankState(
+            spec.rank, spec.host.name, spec.role, process.pid, self.wall_clock(), restarts=restarts
+        )
+        track = self.tracks[spec.rank] = RankTrack(spec, process, state)
         self.sink.update(state)
         for stream in STREAMS:
             copy = self.open_copy(spec.rank, stream)
-            threading.Thread(
-                target=self.pump, args=(spec.rank, process, stream, copy), daemon=True
-            ).start()
-        threading.Thread(target=self.wait_for, args=(spec.rank, process), daemon=True).start()
+            threading.Thread(target=self.pump, args=(track, stream, copy), daemon=True).start()
+        threading.Thread(target=self.wait_for, args=(track,), daemon=True).start()
 
-    def pump(self, rank: int, process: Process, stream: Stream, copy: BinaryIO | None) -> None:
+    def restart(self, rank: int) -> None:
+        """Start a rank again in place: same spec, same environment, one more restart."""
+        old = self.tracks[rank]
+        self.retired.append(old)
+        self.start(old.spec, restarts=old.state.restarts + 1)
+
+    def pump(self, track: RankTrack, stream: Stream, copy: BinaryIO | None) -> None:
         def on_lines(lines: list[bytes]) -> None:
-            self.events.put(Output(rank, stream, lines))
+            self.events.put(Output(track, stream, lines))
 
-        pump_stream(lambda size: process.read(stream, size), on_lines, copy)
-        self.events.put(StreamEnd(rank))
+        pump_stream(lambda size: track.process.read(stream, size), on_lines, copy)
+        self.events.put(StreamEnd(track))
 
-    def wait_for(self, rank: int, process: Process) -> None:
-        self.events.put(Exit(rank, process.wait()))
+    def wait_for(self, track: RankTrack) -> None:
+        self.events.put(Exit(track, track.process.wait()))
 
     def open_copy(self, rank: int, stream: Stream) -> BinaryIO | None:
         if self.output_dir is None:
             return None
         directory = self.output_dir / f"rank.{rank}"
         directory.mkdir(parents=True, exist_ok=True)
-        return open(directory / stream, "wb")
+        return open(directory / stream, "ab")  # a restarted rank appends
 
     def signal_running(self, signum: int) -> None:
         if signum == signal.SIGKILL:
@@ -321,7 +338,7 @@ class Supervisor:
                 if isinstance(message, Signalled):
                     break
                 if isinstance(message, Exit):
-                    self.tracks[message.rank].status = message.status
+                    message.track.status = message.status
         finally:
             self.signal_running(signal.SIGKILL)
 

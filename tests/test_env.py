@@ -33,6 +33,7 @@ def test_rank_environment() -> None:
         "MASTER_PORT": "29400",
         "DTRAIN_JOB_ID": "job1",
         "DTRAIN_HOST": "b",
+        "DTRAIN_ROLE": "worker",
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
         "CUDA_VISIBLE_DEVICES": "1",
