@@ -6,7 +6,7 @@ import pytest
 
 from launcher.errors import PlanError
 from launcher.hosts import Host
-from launcher.plan import Plan, Rank, bind_gpus, plan_ranks
+from launcher.plan import Plan, Rank, bind_gpus, bind_ps_gpus, plan_ps, plan_ranks
 
 A, B, C = Host("a", 2), Host("b", 2), Host("c", 1)
 
@@ -167,3 +167,53 @@ def test_too_few_gpus_is_an_error() -> None:
         bind_gpus(plan_ranks([Host("a", 3)], 3), {"a": ("0", "1")})
     with pytest.raises(PlanError, match="--gpus-per-rank 0"):
         bind_gpus(plan_ranks([Host("a", 1)], 1), {}, 0)
+
+
+def roles_of(plan: Plan) -> list[tuple[int, str, int, str]]:
+    return [(r.rank, r.role, r.task_index, r.host.name) for r in plan.ranks]
+
+
+def test_ps_placement_spreads_ps_first_and_fills_worker_slots() -> None:
+    plan = plan_ps([Host("a", 2), Host("b", 2)], workers=3, ps=2)
+    assert roles_of(plan) == [
+        (0, "chief", 0, "a"),
+        (1, "worker", 0, "a"),
+        (2, "worker", 1, "a"),
+        (3, "worker", 2, "b"),
+        (4, "ps", 0, "a"),
+        (5, "ps", 1, "b"),
+    ]
+
+
+def test_ps_placement_with_pinned_roles_evaluator_and_torch_order() -> None:
+    plan = plan_ps(
+        [Host("x")],
+        workers=2,
+        ps=1,
+        ps_hosts=[Host("p")],
+        worker_hosts=[Host("w", 2)],
+        evaluator=True,
+    )
+    assert roles_of(plan) == [
+        (0, "chief", 0, "w"),
+        (1, "worker", 0, "w"),
+        (2, "worker", 1, "w"),
+        (3, "ps", 0, "p"),
+        (4, "evaluator", 0, "w"),
+    ]
+    torch_plan = plan_ps([Host("a", 2)], workers=2, ps=1, chief=False)
+    assert roles_of(torch_plan) == [(0, "ps", 0, "a"), (1, "worker", 0, "a"), (2, "worker", 1, "a")]
+
+
+def test_ps_gpu_binding_counts_only_compute_tasks() -> None:
+    plan = plan_ps([Host("a", 2)], workers=2, ps=1)
+    bound = bind_ps_gpus(plan, {"a": ("0", "1")})
+    assert gpus_of(bound) == [(), ("0",), ("1",), ()]
+    assert gpus_of(bind_ps_gpus(plan, {"a": ("0", "1")}, ps_gpus=True)) == [
+        (),
+        ("0",),
+        ("1",),
+        None,
+    ]
+    with pytest.raises(PlanError, match="at least one of each"):
+        plan_ps([Host("a")], workers=0, ps=1)

@@ -15,6 +15,7 @@ from launcher.policy import (
     JobState,
     KillAll,
     RankExited,
+    Restart,
     StopAll,
     decide,
     describe_status,
@@ -84,3 +85,47 @@ def test_failure_code_wins_over_later_interrupt() -> None:
 def test_last_rank_failing_finishes_at_once() -> None:
     _, actions = play(2, [RankExited(0, 0), RankExited(1, 2)])
     assert actions == [Continue(), Finish(2)]
+
+
+ROLES = {0: "chief", 1: "worker", 2: "worker", 3: "ps"}
+
+
+def play_ps(events: list[Event], restarts: int = 0) -> tuple[JobState, list[Action]]:
+    state = start_state(frozenset(ROLES), ROLES, restarts)
+    actions = []
+    for event in events:
+        state, action = decide(state, event)
+        actions.append(action)
+    return state, actions
+
+
+def test_chief_exit_ends_a_ps_job_with_its_code() -> None:
+    state, actions = play_ps(
+        [RankExited(0, 0), RankExited(1, -15), RankExited(2, -15), RankExited(3, -15)]
+    )
+    assert actions == [StopAll(), Continue(), Continue(), Finish(0)]
+    assert state.failure is None and state.exit_code == 0
+    _, failed = play_ps(
+        [RankExited(0, 3), RankExited(1, -15), RankExited(2, -15), RankExited(3, -15)]
+    )
+    assert failed[0] == StopAll() and failed[-1] == Finish(3)
+
+
+def test_ps_dying_fails_the_job_whatever_its_code() -> None:
+    state, actions = play_ps([RankExited(3, 0)])
+    assert actions == [StopAll()]
+    assert state.failure == Failure(3, 0)
+
+
+def test_failed_worker_is_restarted_while_the_budget_lasts() -> None:
+    state, actions = play_ps(
+        [RankExited(1, -9), RankExited(1, 1), RankExited(1, 1), RankExited(0, 0)], restarts=2
+    )
+    assert actions == [Restart(1), Restart(1), Continue(), StopAll()]
+    assert state.restarts_left[1] == 0 and state.exit_code == 0
+
+
+def test_without_restarts_the_chief_carries_on() -> None:
+    state, actions = play_ps([RankExited(2, 1), RankExited(1, 0)])
+    assert actions == [Continue(), Continue()]
+    assert state.failure is None and not state.stopping
