@@ -285,7 +285,7 @@ class Supervisor:
         track = self.tracks[spec.rank] = RankTrack(spec, process, state)
         self.sink.update(state)
         for stream in STREAMS:
-            copy = self.open_copy(spec.rank, stream)
+            copy = self.open_copy(spec.rank, stream, append=restarts > 0)
             threading.Thread(target=self.pump, args=(track, stream, copy), daemon=True).start()
         threading.Thread(target=self.wait_for, args=(track,), daemon=True).start()
 
@@ -305,12 +305,12 @@ class Supervisor:
     def wait_for(self, track: RankTrack) -> None:
         self.events.put(Exit(track, track.process.wait()))
 
-    def open_copy(self, rank: int, stream: Stream) -> BinaryIO | None:
+    def open_copy(self, rank: int, stream: Stream, append: bool) -> BinaryIO | None:
         if self.output_dir is None:
             return None
         directory = self.output_dir / f"rank.{rank}"
         directory.mkdir(parents=True, exist_ok=True)
-        return open(directory / stream, "ab")  # a restarted rank appends
+        return open(directory / stream, "ab" if append else "wb")  # a restart appends
 
     def signal_running(self, signum: int) -> None:
         if signum == signal.SIGKILL:

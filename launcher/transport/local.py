@@ -61,9 +61,13 @@ class LocalProcess:
             if self.popen.poll() is not None:
                 self.stderr.settled.wait(STATUS_WAIT_S)
                 break
-        if self.stderr.status is not None:
-            return self.stderr.status
-        return self.popen.wait()
+        code = self.stderr.status if self.stderr.status is not None else self.popen.wait()
+        if self.popen.poll() is not None:
+            try:
+                self.lifeline.close()  # the watchdog is gone: no fd outlives it
+            except OSError:
+                pass
+        return code
 
     def signal(self, signum: int) -> None:
         """Ask the watchdog to signal every process of the rank; SIGKILL is also enforced here."""
@@ -72,7 +76,7 @@ class LocalProcess:
         try:
             self.lifeline.write(f"{signum}\n".encode())
             self.lifeline.flush()
-        except OSError:
+        except (OSError, ValueError):  # ValueError: closed as the rank exited meanwhile
             pass
         if signum == signal.SIGKILL:
             timer = threading.Timer(KILL_FALLBACK_S, self.kill_group)
