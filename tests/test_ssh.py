@@ -346,3 +346,64 @@ def test_check_reports_every_host(ssh_hosts: TestHosts) -> None:
     table = run_dtrain("check", *ssh(ssh_hosts), "-H", "node1,node2")
     assert table.returncode == 0
     assert "2 of 2 hosts ok" in table.stdout
+
+
+def test_mpi_across_two_hosts(ssh_hosts: TestHosts, mark: str) -> None:
+    pytest.importorskip("mpi4py")
+    hello = run_dtrain(
+        "run",
+        "--mpi",
+        *ssh(ssh_hosts),
+        "-H",
+        "node1:2,node2:2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "-m",
+        "mpi4py.bench",
+        "helloworld",
+    )
+    assert hello.returncode == 0, hello.stderr[-2000:]
+    lines = sorted(hello.stdout.splitlines())
+    assert lines == [
+        f"[{r}@node{r // 2 + 1}] Hello, World! I am process {r} of 4 on node{r // 2 + 1}."
+        for r in range(4)
+    ]
+    ring = run_dtrain(
+        "run",
+        "--mpi",
+        *ssh(ssh_hosts),
+        "-H",
+        "node1,node2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "-m",
+        "mpi4py.bench",
+        "ringtest",
+        "-n",
+        "4096",
+        "-l",
+        "20",
+    )
+    assert ring.returncode == 0, ring.stderr[-2000:]
+    assert "time for 20 loops" in ring.stdout
+
+
+def test_mpi_failure_across_hosts_leaves_nothing(ssh_hosts: TestHosts, mark: str) -> None:
+    script = "if [ $OMPI_COMM_WORLD_RANK = 3 ]; then sleep 1; exit 6; fi; sleep 300"
+    result = run_dtrain(
+        "run",
+        "--mpi",
+        *ssh(ssh_hosts),
+        "-H",
+        "node1:2,node2:2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        script,
+    )
+    assert result.returncode == 6
+    assert "dtrain: rank 3 on node2 failed (exit code 6)" in result.stderr
+    assert_nothing_left(ssh_hosts, mark)
