@@ -95,13 +95,17 @@ class LineView:
         """Rank states are not shown line by line."""
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        text = decode_lines(lines)
         prefix = self.prefix(spec, stream)
         file = self.files[stream]
         if file in self.broken:
             return
+        marker = ("\n" + prefix).encode()
+        block = marker[1:] + marker.join(lines) + b"\n"
+        if b"\r" in block:  # progress markers to drop: the slower, per-line way
+            block = "".join(prefix + line + "\n" for line in decode_lines(lines)).encode()
         try:
-            file.write("".join([prefix + line + "\n" for line in text]))
+            # One decode per batch; a bad UTF-8 sequence cannot swallow the "\n" after it.
+            file.write(block.decode("utf-8", "replace"))
             file.flush()
         except BrokenPipeError:
             # The reader went away (`| head`): the job goes on, its output no longer shown.

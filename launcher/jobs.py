@@ -160,9 +160,11 @@ class JobRecorder:
         if file is None:
             file = self.files[spec.rank] = open(self.job.log_path(spec.rank), "ab")  # noqa: SIM115
         prefix = b"%.6f %s " % (self.clock(), STREAM_CODES[stream])
-        kept = [prefix + line + b"\n" for line in lines if not line.endswith(b"\r")]
-        if kept:
-            file.write(b"".join(kept))
+        if b"\r" in b"".join(lines):
+            lines = [line for line in lines if not line.endswith(b"\r")]
+        if lines:
+            # One C-level join per batch: this runs for every line of every rank.
+            file.write(prefix + (b"\n" + prefix).join(lines) + b"\n")
             file.flush()
 
     def update(self, state: RankState) -> None:

@@ -29,7 +29,10 @@ def job_id_of(stderr: str) -> str:
 
 
 def test_job_directory_keeps_plan_status_and_timestamped_logs(mark: str) -> None:
-    script = "echo out $RANK; echo err $RANK >&2; printf 'p 1\\rp 2\\rp done\\n'; exit $RANK"
+    script = (
+        "echo out $RANK; echo err $RANK >&2; printf 'p 1\\rp 2\\rp done\\n'; "
+        "[ $RANK = 1 ] && sleep 1; exit $RANK"  # rank 0 is done before rank 1 fails
+    )
     result = run_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script)
     assert result.returncode == 1
     job = JOBS / job_id_of(result.stderr)
