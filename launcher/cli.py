@@ -719,6 +719,7 @@ class Site:
     interfaces: dict[str, str] = field(default_factory=dict)  # its NIC towards MASTER_ADDR
     networks: dict[str, str] = field(default_factory=dict)  # that NIC's network (CIDR)
     connections: dict[str, Any] = field(default_factory=dict)  # SshConnection, remote hosts
+    agents: dict[str, Any] = field(default_factory=dict)  # HostAgent, one per remote host
 
 
 def survey_hosts(plan: Plan, options: RunOptions, environ: Mapping[str, str], workdir: str) -> Site:
@@ -756,10 +757,18 @@ def survey_hosts(plan: Plan, options: RunOptions, environ: Mapping[str, str], wo
     try:
         probe_remote_hosts(site, plan, options, environ, workdir, remote_hosts, ranks_on)
     except BaseException:
-        for connection in site.connections.values():
-            connection.close()
+        close_site(site)
         raise
     return site
+
+
+def close_site(site: Site) -> None:
+    """Drop what survey_hosts opened (agents first: closing them ends nothing yet started)."""
+    for host_agent in site.agents.values():
+        host_agent.close()
+    for connection in site.connections.values():
+        connection.close()
+    site.agents, site.connections = {}, {}
 
 
 def probe_remote_hosts(
@@ -773,7 +782,7 @@ def probe_remote_hosts(
 ) -> None:
     """Check every remote host (directory, program, ports, GPUs, NIC) in parallel."""
     from launcher.probe import interface_towards
-    from launcher.transport.ssh import probe_host
+    from launcher.transport.ssh import HostAgent
 
     for name, connection in site.connections.items():
         site.addresses[name] = connection.peer_address
@@ -792,9 +801,18 @@ def probe_remote_hosts(
             "path_prefix": environ.get("PATH"),
             "route_to": master,
         }
-        return probe_host(site.connections[name], sys.executable, args, options.ssh_timeout)
+        return HostAgent.open(site.connections[name], sys.executable, args, options.ssh_timeout)
 
-    reports = run_parallel([h.name for h in remote_hosts], probe, ssh_settings(options).fanout)
+    opened = run_parallel_all([h.name for h in remote_hosts], probe, ssh_settings(options).fanout)
+    site.agents = {
+        name: pair[0] for name, pair in opened.items() if not isinstance(pair, BaseException)
+    }
+    errors = [pair for pair in opened.values() if isinstance(pair, BaseException)]
+    if errors:
+        raise errors[0]
+    reports = {
+        name: pair[1] for name, pair in opened.items() if not isinstance(pair, BaseException)
+    }
     for name, report in reports.items():
         if not report.cwd_ok:
             raise HostConnectionError(
@@ -817,13 +835,19 @@ def probe_remote_hosts(
             site.interfaces[name] = local_route["interface"]
 
 
-def run_parallel(keys: Sequence[str], call: Callable[[str], T], fanout: int) -> dict[str, T]:
-    """``call(key)`` for every key on a thread pool; the first error (in key order) is raised."""
+def run_parallel_all(
+    keys: Sequence[str], call: Callable[[str], T], fanout: int
+) -> dict[str, T | BaseException]:
+    """``call(key)`` for every key on a thread pool; each result, or the error it raised."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, min(fanout, len(keys)))) as pool:
         futures = {key: pool.submit(call, key) for key in keys}
-    return {key: future.result() for key, future in futures.items()}
+    results: dict[str, T | BaseException] = {}
+    for key, future in futures.items():
+        error = future.exception()
+        results[key] = error if error is not None else future.result()
+    return results
 
 
 def ssh_settings(options: RunOptions) -> Any:
@@ -961,13 +985,9 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
             from launcher.transport.ssh import SshTransport
 
             remote = SshTransport(
-                site.connections,
-                grace_s=options.grace,
-                python=sys.executable,
-                path_prefix=environ.get("PATH"),
-                timeout_s=options.ssh_timeout,
+                site.agents, grace_s=options.grace, path_prefix=environ.get("PATH")
             )
-            site.connections = {}  # the transport owns them now
+            site.agents, site.connections = {}, {}  # the transport owns them now
         transport = RoutedTransport(
             LocalTransport(environ, grace_s=options.grace),
             remote,
@@ -975,8 +995,7 @@ def launch(options: RunOptions, environ: Mapping[str, str]) -> int:
         )
         return supervise(options, plan, specs, specs, transport, environ, output_dir)
     finally:
-        for connection in site.connections.values():
-            connection.close()
+        close_site(site)
 
 
 def plan_parameter_servers(options: RunOptions) -> Plan:

@@ -44,8 +44,8 @@ BOOTSTRAP = (
     "            os._exit(1)\n"
     "        b += c\n"
     "    return b\n"
-    "exec(compile(read_exact(int(read_exact(10))), 'dtrain-watchdog', 'exec'),"
-    " {'__name__': '__dtrain_remote__'})\n"
+    "exec(compile(read_exact(int(read_exact(10))), 'dtrain-remote', 'exec'),"
+    " {'__name__': '__dtrain_remote__', 'read_exact': read_exact})\n"
 )
 
 pending: list[int] = []  # stop signals that arrived before the program started

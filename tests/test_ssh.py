@@ -30,7 +30,7 @@ def ssh(hosts: TestHosts) -> list[str]:
 
 
 def watchdogs_on(hosts: TestHosts) -> list[int]:
-    """dtrain watchdogs still running on the test hosts (their command line holds BOOTSTRAP)."""
+    """dtrain agents and watchdogs still running on the test hosts (BOOTSTRAP in the command line)."""
     found = []
     for name in hosts.names:
         for pid in processes_in(name):
@@ -38,7 +38,7 @@ def watchdogs_on(hosts: TestHosts) -> list[int]:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"dtrain-watchdog" in cmdline:
+            if b"dtrain-remote" in cmdline:
                 found.append(pid)
     return found
 

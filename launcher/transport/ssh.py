@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import queue
 import signal
 import socket
 import threading
@@ -23,7 +24,7 @@ from typing import Any
 
 import paramiko
 
-from launcher import probe, watchdog
+from launcher import agent, probe, watchdog
 from launcher.command import LaunchSpec, build_remote_command
 from launcher.errors import HostConnectionError
 from launcher.hosts import Host
@@ -35,6 +36,7 @@ STATUS_WAIT_S = 5.0
 EXIT_POLL_S = 0.05
 WATCHDOG_SOURCE = Path(watchdog.__file__).read_bytes()
 PROBE_SOURCE = Path(probe.__file__).read_text()
+AGENT_SOURCE = Path(agent.__file__).read_bytes()
 
 
 @dataclass(frozen=True)
@@ -394,85 +396,223 @@ def probe_host(
     )
 
 
-class SshProcess:
-    """A rank on a remote host: one channel running the watchdog."""
+def report_from(data: Mapping[str, Any]) -> HostReport:
+    return HostReport(
+        hostname=data["hostname"],
+        python=data["python"],
+        python_version=data["python_version"],
+        cwd_ok=data["cwd_ok"],
+        ports=tuple(data["ports"]),
+        gpus=tuple(data["gpus"]),
+        time=data["time"],
+        program=data.get("program"),
+        versions=data.get("versions", {}),
+        route=data.get("route"),
+    )
 
-    def __init__(self, spec: LaunchSpec, channel: paramiko.Channel) -> None:
-        self.spec = spec
-        self.pid = 0  # remote; the watchdog owns it
+
+class HostAgent:
+    """The launcher's end of one host's agent (``launcher/agent.py``): one channel, every rank.
+
+    Like mpirun's one daemon per host: the login shell and Python start once
+    per host, not once per rank, and the probe shares the same channel.
+    """
+
+    def __init__(self, connection: SshConnection, channel: paramiko.Channel) -> None:
+        self.connection = connection
         self.channel = channel
         self.lock = threading.Lock()
-        self.stderr = StatusFilter(lambda size: bytes(channel.recv_stderr(size)))
-        self.killed = False
+        self.processes: dict[int, AgentProcess] = {}
+        self.buffer = b""
 
-    def read(self, stream: Stream, size: int) -> bytes:
-        if stream == "stdout":
-            return bytes(self.channel.recv(size))
-        return self.stderr.read(size)
-
-    def wait(self) -> int:
-        while not self.stderr.settled.wait(EXIT_POLL_S):
-            if self.channel.exit_status_ready() or self.channel.closed:
-                self.stderr.settled.wait(STATUS_WAIT_S)
-                break
-        if self.stderr.status is not None:
-            return self.stderr.status
-        code = self.channel.recv_exit_status()
-        if code == -1:  # no status: the watchdog died with its group, or the connection did
-            return -signal.SIGKILL if self.killed else 255
-        return code
-
-    def signal(self, signum: int) -> None:
-        with self.lock:
-            if signum == signal.SIGKILL:
-                self.killed = True
-            if self.channel.closed or self.channel.exit_status_ready():
-                return
-            try:
-                self.channel.sendall(f"{signum}\n".encode())
-            except (OSError, paramiko.SSHException):
-                pass
-
-
-class SshTransport:
-    """Starts ranks on connected hosts; closing it drops the connections (and so the ranks)."""
-
-    def __init__(
-        self,
-        connections: Mapping[str, SshConnection],
-        grace_s: float,
+    @classmethod
+    def open(
+        cls,
+        connection: SshConnection,
         python: str,
-        path_prefix: str | None,
+        probe_args: Mapping[str, object],
         timeout_s: float,
-    ) -> None:
-        self.connections = dict(connections)
-        self.grace_s = grace_s
-        self.python = python
-        self.path_prefix = path_prefix
-        self.timeout_s = timeout_s
-
-    def start(self, spec: LaunchSpec) -> SshProcess:
-        connection = self.connections[spec.host.name]
-        command = build_remote_command(self.python, ["-I", "-S", "-c", watchdog.BOOTSTRAP])
+    ) -> tuple[HostAgent, HostReport]:
+        """Start the agent, wait for its probe report, then serve the ranks."""
+        name = connection.host.name
+        command = build_remote_command(python, ["-I", "-S", "-c", watchdog.BOOTSTRAP])
+        config = {
+            "probe": dict(probe_args),
+            "probe_source": PROBE_SOURCE,
+            "watchdog": WATCHDOG_SOURCE.decode(),
+            "bootstrap": watchdog.BOOTSTRAP,
+        }
         try:
-            channel = connection.open_channel(command, self.timeout_s)
-            remote_spec = {
-                "argv": list(spec.argv),
-                "env": dict(spec.env),
-                "unset": list(spec.env_unset),
-                "cwd": spec.cwd,
-                "path_prefix": self.path_prefix,
-                "grace_s": self.grace_s,
-            }
+            channel = connection.open_channel(command, timeout_s)
             channel.sendall(
-                watchdog.frame(WATCHDOG_SOURCE) + watchdog.frame(json.dumps(remote_spec).encode())
+                watchdog.frame(AGENT_SOURCE) + watchdog.frame(json.dumps(config).encode())
             )
+            channel.settimeout(timeout_s)
+            host = cls(connection, channel)
+            _, kind, payload = host.next_frame()
+        except TimeoutError:
+            raise HostConnectionError(
+                f"{name}: no answer from the host probe within {timeout_s:g}s",
+                "check the host's load, or raise --ssh-timeout",
+            ) from None
+        except (paramiko.SSHException, OSError, EOFError):
+            err = drain(channel.recv_stderr, channel.recv_stderr_ready).decode("utf-8", "replace")
+            last = (err.strip().splitlines() or ["the channel closed"])[-1]
+            raise HostConnectionError(
+                f"{name}: cannot run Python there ({last})",
+                "install python3 (3.9 or newer) on the host, or make dtrain's interpreter path "
+                "exist there",
+            ) from None
+        if kind != agent.PROBED:
+            raise HostConnectionError(f"{name}: unexpected answer from the host agent ({kind})")
+        channel.settimeout(None)
+        threading.Thread(target=host.demultiplex, daemon=True).start()
+        return host, report_from(json.loads(payload))
+
+    def next_frame(self) -> tuple[int, int, bytes]:
+        """The next frame from the agent; EOFError when the channel ends."""
+        size = agent.HEADER.size
+        while True:
+            if len(self.buffer) >= size:
+                rank, kind, length = agent.HEADER.unpack_from(self.buffer)
+                if len(self.buffer) >= size + length:
+                    payload = self.buffer[size : size + length]
+                    self.buffer = self.buffer[size + length :]
+                    return rank, kind, payload
+            chunk = self.channel.recv(1 << 18)
+            if not chunk:
+                raise EOFError
+            self.buffer += chunk
+
+    def demultiplex(self) -> None:
+        """Route the agent's frames to the ranks' streams and exits, until the channel ends."""
+        try:
+            while True:
+                rank, kind, payload = self.next_frame()
+                process = self.processes.get(rank)
+                if process is not None:
+                    process.receive(kind, payload)
+        except (EOFError, OSError, paramiko.SSHException):
+            pass
+        for process in self.processes.values():
+            process.lost()
+
+    def send(self, rank: int, kind: int, payload: bytes) -> None:
+        with self.lock:
+            self.channel.sendall(agent.encode(rank, kind, payload))
+
+    def start(self, spec: LaunchSpec, grace_s: float, path_prefix: str | None) -> AgentProcess:
+        process = AgentProcess(spec, self)
+        self.processes[spec.rank] = process
+        remote_spec = {
+            "argv": list(spec.argv),
+            "env": dict(spec.env),
+            "unset": list(spec.env_unset),
+            "cwd": spec.cwd,
+            "path_prefix": path_prefix,
+            "grace_s": grace_s,
+        }
+        try:
+            self.send(spec.rank, agent.START, json.dumps(remote_spec).encode())
         except (paramiko.SSHException, OSError) as exc:
             raise HostConnectionError(
                 f"{spec.host.name}: cannot start rank {spec.rank}: {exc}"
             ) from None
-        return SshProcess(spec, channel)
+        return process
 
     def close(self) -> None:
-        for connection in self.connections.values():
-            connection.close()
+        self.channel.close()
+
+
+class AgentProcess:
+    """A remote rank, as its host's agent reports it."""
+
+    def __init__(self, spec: LaunchSpec, host: HostAgent) -> None:
+        self.spec = spec
+        self.host = host
+        self.pid = 0
+        self.queues: dict[Stream, queue.SimpleQueue[bytes]] = {
+            "stdout": queue.SimpleQueue(),
+            "stderr": queue.SimpleQueue(),
+        }
+        self.ended: set[Stream] = set()
+        self.stderr = StatusFilter(lambda size: self.read_raw("stderr"))
+        self.exited = threading.Event()
+        self.code: int | None = None
+        self.killed = False
+
+    def receive(self, kind: int, payload: bytes) -> None:
+        if kind in (agent.STDOUT, agent.STDERR):
+            self.queues["stdout" if kind == agent.STDOUT else "stderr"].put(payload)
+        elif kind in (agent.STDOUT_END, agent.STDERR_END):
+            self.queues["stdout" if kind == agent.STDOUT_END else "stderr"].put(b"")
+        elif kind == agent.STARTED:
+            self.pid = int(payload)
+        elif kind == agent.FAILED:
+            self.queues["stderr"].put(b"dtrain: cannot start the rank: " + payload + b"\n")
+            self.finish(127)
+        elif kind == agent.EXITED:
+            self.finish(int(payload))
+
+    def finish(self, code: int) -> None:
+        for stream in ("stdout", "stderr"):
+            if stream not in self.ended:
+                self.queues[stream].put(b"")  # harmless if the stream had ended already
+        self.code = code
+        self.exited.set()
+
+    def lost(self) -> None:
+        """The connection to the host ended before the rank did."""
+        if not self.exited.is_set():
+            self.finish(-signal.SIGKILL if self.killed else 255)
+
+    def read_raw(self, stream: Stream) -> bytes:
+        if stream in self.ended:
+            return b""
+        data = self.queues[stream].get()
+        if not data:
+            self.ended.add(stream)
+        return data
+
+    def read(self, stream: Stream, size: int) -> bytes:
+        return self.stderr.read(size) if stream == "stderr" else self.read_raw(stream)
+
+    def wait(self) -> int:
+        self.exited.wait()
+        self.stderr.settled.wait(STATUS_WAIT_S)
+        if self.stderr.status is not None:
+            return self.stderr.status
+        assert self.code is not None
+        return self.code
+
+    def signal(self, signum: int) -> None:
+        if signum == signal.SIGKILL:
+            self.killed = True
+        if self.exited.is_set():
+            return
+        try:
+            self.host.send(self.spec.rank, agent.SIGNAL, str(signum).encode())
+        except (OSError, paramiko.SSHException):
+            pass
+
+
+class SshTransport:
+    """Starts ranks through each host's agent; closing it drops the connections (and the ranks)."""
+
+    def __init__(
+        self,
+        agents: Mapping[str, HostAgent],
+        grace_s: float,
+        path_prefix: str | None,
+    ) -> None:
+        self.agents = dict(agents)
+        self.grace_s = grace_s
+        self.path_prefix = path_prefix
+
+    def start(self, spec: LaunchSpec) -> AgentProcess:
+        return self.agents[spec.host.name].start(spec, self.grace_s, self.path_prefix)
+
+    def close(self) -> None:
+        for host in self.agents.values():
+            host.close()
+            host.connection.close()
