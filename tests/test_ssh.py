@@ -30,7 +30,7 @@ def ssh(hosts: TestHosts) -> list[str]:
 
 
 def watchdogs_on(hosts: TestHosts) -> list[int]:
-    """dtrain agents and watchdogs still running on the test hosts (BOOTSTRAP in the command line)."""
+    """dtrain agents and watchdogs left on the test hosts (BOOTSTRAP in their command line)."""
     found = []
     for name in hosts.names:
         for pid in processes_in(name):
