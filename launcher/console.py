@@ -181,8 +181,9 @@ def format_failure(result: JobResult) -> list[str]:
     failure = result.failure
     if failure is not None:
         others = result.world_size - 1
+        role = f" ({failure.role})" if failure.role != "worker" else ""
         lines.append(
-            f"dtrain: rank {failure.rank} on {failure.host} failed "
+            f"dtrain: rank {failure.rank}{role} on {failure.host} failed "
             f"({describe_status(failure.status)}); "
             f"stopped the other {others} rank{'s' if others != 1 else ''}; "
             f"dtrain exits {result.exit_code}"

@@ -91,6 +91,7 @@ class RankReport:
     status: int
     last_lines: tuple[str, ...]
     stream: Stream
+    role: str = "worker"
 
 
 @dataclass(frozen=True)
@@ -369,4 +370,5 @@ class Supervisor:
                 strip_progress(line).decode("utf-8", "replace") for line in track.tails[stream]
             ),
             stream=stream,
+            role=track.spec.role,
         )
