@@ -663,12 +663,12 @@ def render_phases(report: Report) -> list[str]:
     descriptions = {
         "connect": "`connect_all`: TCP, SSH key exchange, public-key auth; hosts in parallel "
         "(threads)",
-        "probe": "one exec channel per host: remote login shell, then `python -I -c PROBE` "
-        "(cwd, program, free ports, GPUs, route)",
+        "probe": "one exec channel per host: remote login shell, then dtrain's agent "
+        "(`python -I -S`), which probes the host (cwd, program, free ports, GPUs, route)",
         "setup": "environment of each rank, job directory, supervisor set-up",
-        "start": "one exec channel per rank opened, watchdog and spec sent",
-        "run": "per rank: remote login shell, `python -I -S` watchdog, the rank; until every "
-        "exit status is in",
+        "start": "each rank's spec sent to its host's agent (no new channel)",
+        "run": "per rank: the agent forks a `python -I -S` watchdog, which runs the rank; "
+        "until every exit status is in",
         "finish": "job record, connections closed",
         "total": "in-process total (without interpreter start-up and imports)",
     }
@@ -680,10 +680,10 @@ def render_phases(report: Report) -> list[str]:
         f"One exec channel running `true` on an open connection takes {fmt_ms(channel)} ms; "
         f"of it, the user's login shell as sshd starts it (`{report.shell} -c true` with "
         f"`SSH_CLIENT` set, which makes bash read `~/.bashrc`) takes {fmt_ms(shell)} ms "
-        "locally. dtrain opens one channel per host for the probe and one per rank, "
-        f"{MAIN_HOSTS} + {ranks} = {MAIN_HOSTS + ranks} here, each paying a login shell and a "
-        f"Python start-up on the host; mpirun runs one `ssh` per host ({MAIN_HOSTS}: one "
-        "login shell each, then its C daemon `prted`), which forks the ranks directly.",
+        "locally. Like mpirun, dtrain pays it once per host: it opens one channel per host "
+        f"({MAIN_HOSTS} here, for {ranks} ranks) running its agent, which probes the host and "
+        "then forks every rank of that host; mpirun runs one `ssh` per host, then its C "
+        "daemon `prted`, which forks the ranks.",
         "",
     ]
     return lines

@@ -1,0 +1,252 @@
+"""`dtrain ps` for real: TensorFlow ParameterServerStrategy and torch.distributed.rpc jobs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import JOBS, REPO, child_env, run_dtrain, start_dtrain, wait_until_gone
+
+needs_tf = pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow-cpu"
+)
+pytestmark = [pytest.mark.timeout(300)]
+
+
+def accuracy_of(stdout: str) -> float:
+    line = next(line for line in stdout.splitlines() if "test accuracy" in line)
+    return float(line.rsplit(" ", 1)[1])
+
+
+def job_status(job_id: str) -> dict:  # type: ignore[type-arg]
+    try:
+        return json.loads((JOBS / job_id / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_for_line(job_id: str, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logs = run_dtrain("logs", job_id).stdout
+        if text in logs:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{text!r} never appeared in the logs of {job_id}")
+
+
+def started_job_id(proc: subprocess.Popen[str]) -> str:
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert line.startswith("dtrain: job "), line
+    return line.split()[2]
+
+
+@needs_tf
+def test_tf_config_is_what_tensorflow_resolves(tmp_path: Path) -> None:
+    plan = json.loads(
+        run_dtrain(
+            "ps",
+            "--workers",
+            "2",
+            "--ps",
+            "2",
+            "--evaluator",
+            "-H",
+            "a:2,b:2",
+            "--dry-run",
+            "--json",
+            "python",
+            "train.py",
+        ).stdout
+    )
+    code = (
+        "import json, os, sys\n"
+        "from tensorflow.distribute.cluster_resolver import TFConfigClusterResolver\n"
+        "out = []\n"
+        "for config in json.load(sys.stdin):\n"
+        "    os.environ['TF_CONFIG'] = config\n"
+        "    r = TFConfigClusterResolver()\n"
+        "    out.append([r.cluster_spec().as_dict(), r.task_type, r.task_id])\n"
+        "print(json.dumps(out))\n"
+    )
+    resolved = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps([e["env"]["TF_CONFIG"] for e in plan]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
+    assert resolved.returncode == 0, resolved.stderr[-2000:]
+    results = json.loads(resolved.stdout.strip().splitlines()[-1])
+    cluster = {"chief": ["a:29501"], "worker": ["a:29502", "b:29501"], "ps": ["a:29503", "b:29502"]}
+    assert [r[0] for r in results] == [cluster] * 6
+    assert [(r[1], r[2]) for r in results] == [
+        ("chief", 0),
+        ("worker", 0),
+        ("worker", 1),
+        ("ps", 0),
+        ("ps", 1),
+        ("evaluator", 0),
+    ]
+    for entry in plan:
+        env = entry["env"]
+        assert env["GRPC_FAIL_FAST"] == "use_caller" and env["DTRAIN_ROLE"] == entry["role"]
+        assert "http_proxy" in entry["env_unset"] and "HTTPS_PROXY" in entry["env_unset"]
+        if entry["role"] in ("chief", "ps"):
+            assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@needs_tf
+def test_tf_parameter_server_training_on_localhost(mark: str, tmp_path: Path) -> None:
+    result = run_dtrain(
+        "ps",
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/tf_ps_train.py",
+        "--epochs",
+        "4",
+        "--checkpoint-dir",
+        str(tmp_path),
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert accuracy_of(result.stdout) >= 0.9
+    assert wait_until_gone(mark) == []  # ps and workers were stopped when the chief ended
+    again = run_dtrain(
+        "ps",
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "--builtin-servers",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/tf_ps_train.py",
+        "--epochs",
+        "5",
+        "--checkpoint-dir",
+        str(tmp_path),
+        timeout=280,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and "at epoch 4" in again.stdout
+
+
+@needs_tf
+def test_killed_ps_fails_the_job_naming_it(mark: str, tmp_path: Path) -> None:
+    proc = start_dtrain(
+        "ps",
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/tf_ps_train.py",
+        "--epochs",
+        "200",
+        "--checkpoint-dir",
+        str(tmp_path),
+    )
+    job = started_job_id(proc)
+    wait_for_line(job, "epoch 1/")
+    ps = next(s for s in job_status(job)["ranks"].values() if s["role"] == "ps")
+    os.killpg(ps["pid"], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert f"dtrain: rank {ps['rank']} (ps) on localhost failed (killed by SIGKILL)" in err
+    assert wait_until_gone(mark) == []
+
+
+@needs_tf
+def test_killed_worker_is_restarted_and_training_completes(mark: str, tmp_path: Path) -> None:
+    proc = start_dtrain(
+        "ps",
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "--restart-workers",
+        "2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/tf_ps_train.py",
+        "--epochs",
+        "6",
+        "--checkpoint-dir",
+        str(tmp_path),
+    )
+    job = started_job_id(proc)
+    wait_for_line(job, "epoch 1/")
+    worker = next(s for s in job_status(job)["ranks"].values() if s["role"] == "worker")
+    os.killpg(worker["pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=280)
+    assert proc.returncode == 0, err[-3000:]
+    assert accuracy_of(out) >= 0.9
+    final = job_status(job)
+    assert final["state"] == "succeeded"
+    assert final["ranks"][str(worker["rank"])]["restarts"] == 1
+
+
+@needs_tf
+def test_tf_multiworker_mirrored_under_run_tf(mark: str) -> None:
+    result = run_dtrain(
+        "run",
+        "--tf",
+        "-np",
+        "3",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/tf_multiworker.py",
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert accuracy_of(result.stdout) >= 0.9
+    assert "weights identical" in result.stdout
+
+
+def test_torch_rpc_parameter_server(mark: str) -> None:
+    pytest.importorskip("torch")
+    result = run_dtrain(
+        "ps",
+        "--framework",
+        "torch",
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/torch_rpc_ps.py",
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert accuracy_of(result.stdout) >= 0.9
+    assert wait_until_gone(mark) == []
+
+
+def test_builtin_servers_are_for_tensorflow() -> None:
+    result = run_dtrain("ps", "--framework", "torch", "--builtin-servers", "true")
+    assert result.returncode == 2
+    assert "--builtin-servers is for --framework tf" in result.stderr
+    assert REPO.is_dir()
