@@ -70,7 +70,8 @@ def test_tf_config_is_what_tensorflow_resolves(tmp_path: Path) -> None:
     )
     code = (
         "import json, os, sys\n"
-        "from tensorflow.distribute.cluster_resolver import TFConfigClusterResolver\n"
+        "import tensorflow as tf\n"
+        "TFConfigClusterResolver = tf.distribute.cluster_resolver.TFConfigClusterResolver\n"
         "out = []\n"
         "for config in json.load(sys.stdin):\n"
         "    os.environ['TF_CONFIG'] = config\n"
@@ -88,7 +89,8 @@ def test_tf_config_is_what_tensorflow_resolves(tmp_path: Path) -> None:
     )
     assert resolved.returncode == 0, resolved.stderr[-2000:]
     results = json.loads(resolved.stdout.strip().splitlines()[-1])
-    cluster = {"chief": ["a:29501"], "worker": ["a:29502", "b:29501"], "ps": ["a:29503", "b:29502"]}
+    # workers fill a's two slots; the two ps tasks spread over a and b
+    cluster = {"chief": ["a:29501"], "worker": ["a:29502", "a:29503"], "ps": ["a:29504", "b:29501"]}
     assert [r[0] for r in results] == [cluster] * 6
     assert [(r[1], r[2]) for r in results] == [
         ("chief", 0),
