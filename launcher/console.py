@@ -207,7 +207,7 @@ def format_plan(entries: Sequence[Mapping[str, object]]) -> list[str]:
     lines: list[str] = []
     for entry in entries:
         gpus = entry["gpus"]
-        gpu_text = ",".join(gpus) if isinstance(gpus, list) else "-"
+        gpu_text = (",".join(gpus) or "none") if isinstance(gpus, list) else "-"
         lines.append(
             f"rank {entry['rank']}  host {entry['host']}  local_rank {entry['local_rank']}  "
             f"node_rank {entry['node_rank']}  gpus {gpu_text}"

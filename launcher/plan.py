@@ -191,8 +191,11 @@ def plan_ps(
     index = {h.name: i for i, h in enumerate(all_hosts)}
     counts = count_ranks_per_host(worker_side, workers, oversubscribe)
     worker_at = [index[worker_side[i].name] for i in assign_by_slot(counts)]
-    ps_at = [index[ps_side[i % len(ps_side)].name] for i in range(ps)]
     chief_at = [index[worker_side[0].name]] if chief else []
+    load = {i: worker_at.count(i) + chief_at.count(i) for i in index.values()}
+    # Spread: least loaded ps hosts first, one ps each before any host gets a second.
+    ps_order = sorted(ps_side, key=lambda h: (load[index[h.name]], ps_side.index(h)))
+    ps_at = [index[ps_order[i % len(ps_order)].name] for i in range(ps)]
     evaluator_at = [index[worker_side[-1].name]] if evaluator else []
     tasks = (
         [("chief", chief_at), ("worker", worker_at), ("ps", ps_at), ("evaluator", evaluator_at)]

@@ -180,8 +180,8 @@ def test_ps_placement_spreads_ps_first_and_fills_worker_slots() -> None:
         (1, "worker", 0, "a"),
         (2, "worker", 1, "a"),
         (3, "worker", 2, "b"),
-        (4, "ps", 0, "a"),
-        (5, "ps", 1, "b"),
+        (4, "ps", 0, "b"),  # the least loaded host first
+        (5, "ps", 1, "a"),
     ]
 
 

@@ -89,8 +89,8 @@ def test_tf_config_is_what_tensorflow_resolves(tmp_path: Path) -> None:
     )
     assert resolved.returncode == 0, resolved.stderr[-2000:]
     results = json.loads(resolved.stdout.strip().splitlines()[-1])
-    # workers fill a's two slots; the two ps tasks spread over a and b
-    cluster = {"chief": ["a:29501"], "worker": ["a:29502", "a:29503"], "ps": ["a:29504", "b:29501"]}
+    # workers fill a's two slots; the two ps tasks spread, the least loaded host (b) first
+    cluster = {"chief": ["a:29501"], "worker": ["a:29502", "a:29503"], "ps": ["b:29501", "a:29504"]}
     assert [r[0] for r in results] == [cluster] * 6
     assert [(r[1], r[2]) for r in results] == [
         ("chief", 0),

@@ -407,3 +407,35 @@ def test_mpi_failure_across_hosts_leaves_nothing(ssh_hosts: TestHosts, mark: str
     assert result.returncode == 6
     assert "dtrain: rank 3 on node2 failed (exit code 6)" in result.stderr
     assert_nothing_left(ssh_hosts, mark)
+
+
+@pytest.mark.timeout(300)
+def test_tf_parameter_servers_across_hosts(ssh_hosts: TestHosts, mark: str, tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow", reason="needs tensorflow-cpu")
+    result = run_dtrain(
+        "ps",
+        *ssh(ssh_hosts),
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "-H",
+        "node1:1,node2:1,node3:1",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/tf_ps_train.py",
+        "--epochs",
+        "3",
+        "--checkpoint-dir",
+        str(tmp_path),
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    accuracy = float(
+        next(ln for ln in result.stdout.splitlines() if "test accuracy" in ln).split()[-1]
+    )
+    assert accuracy >= 0.85
+    servers = [ln for ln in result.stdout.splitlines() if "serving at" in ln]
+    assert any(ln.startswith("[3@node2] ps 0 serving") or "ps 0" in ln for ln in servers)
+    assert_nothing_left(ssh_hosts, mark)
