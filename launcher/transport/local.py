@@ -128,17 +128,10 @@ class LocalTransport:
 
 
 def find_free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on this machine right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """``count`` distinct TCP ports free on this machine right now (the probe's way)."""
+    from launcher.probe import free_ports
+
+    return free_ports(count)
 
 
 def is_local_address(name: str) -> bool:

@@ -382,18 +382,7 @@ def probe_host(
         raise HostConnectionError(
             f"{name}: unexpected answer from the host probe: {out[:200]!r}"
         ) from None
-    return HostReport(
-        hostname=data["hostname"],
-        python=data["python"],
-        python_version=data["python_version"],
-        cwd_ok=data["cwd_ok"],
-        ports=tuple(data["ports"]),
-        gpus=tuple(data["gpus"]),
-        time=data["time"],
-        program=data.get("program"),
-        versions=data.get("versions", {}),
-        route=data.get("route"),
-    )
+    return report_from(data)
 
 
 def report_from(data: Mapping[str, Any]) -> HostReport:
