@@ -92,7 +92,14 @@ class LineView:
         self.broken: set[TextIO] = set()
 
     def update(self, state: RankState) -> None:
-        """Rank states are not shown line by line."""
+        """Rank states are not shown line by line, but a restart is announced."""
+        if state.restarts and state.status is None:
+            role = f" ({state.role})" if state.role != "worker" else " (worker)"
+            self.files["stderr"].write(
+                f"dtrain: restarted rank {state.rank}{role} on {state.host} "
+                f"(restart {state.restarts})\n"
+            )
+            self.files["stderr"].flush()
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         prefix = self.prefix(spec, stream)

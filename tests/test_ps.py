@@ -206,6 +206,7 @@ def test_killed_worker_is_restarted_and_training_completes(mark: str, tmp_path: 
     final = job_status(job)
     assert final["state"] == "succeeded"
     assert final["ranks"][str(worker["rank"])]["restarts"] == 1
+    assert f"dtrain: restarted rank {worker['rank']} (worker) on localhost (restart 1)" in err
 
 
 @needs_tf
