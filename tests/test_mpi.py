@@ -116,3 +116,41 @@ def test_mpi4py_without_mpi_is_warned_about() -> None:
     assert result.returncode == 0
     assert "without --mpi every rank is an MPI singleton of size 1" in result.stderr
     assert all("of 1 on" in line for line in result.stdout.splitlines())
+
+
+def test_ring_allreduce_and_data_parallel_examples_under_dtrain_mpi(mark: str) -> None:
+    pytest.importorskip("mpi4py")
+    ring = run_dtrain(
+        "run",
+        "--mpi",
+        "-np",
+        "3",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/mpi_ring_allreduce.py",
+        "--check-only",
+        "--sizes",
+        "1,7,1001",
+        "--dtype",
+        "all",
+    )
+    assert ring.returncode == 0, ring.stderr[-2000:]
+    assert tagged(ring.stdout, 0) == ["# check: 12 cases on 3 ranks: ok"]
+    pytest.importorskip("sklearn")
+    training = run_dtrain(
+        "run",
+        "--mpi",
+        "-np",
+        "2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "python",
+        "examples/mpi_data_parallel.py",
+    )
+    assert training.returncode == 0, training.stderr[-2000:]
+    assert any(
+        line.startswith("weights identical on all 2 ranks") for line in tagged(training.stdout, 0)
+    )
+    accuracy = next(ln for ln in tagged(training.stdout, 0) if ln.startswith("test accuracy"))
+    assert float(accuracy.split()[2]) >= 0.9
