@@ -227,3 +227,45 @@ def test_durations() -> None:
         86400,
         90,
     ]
+
+
+def test_live_view_on_a_terminal_redraws_progress_in_place(mark: str) -> None:
+    import os
+    import pty
+
+    code = (
+        "import sys, time\n"
+        "for i in range(5):\n"
+        "    sys.stdout.write(f'\\rprogress {i * 25}%'); sys.stdout.flush(); time.sleep(0.2)\n"
+        "print(); print('done', flush=True)\n"
+    )
+    master, slave = pty.openpty()
+    env = child_env()
+    env.update({"TERM": "xterm-256color", "COLUMNS": "120", "LINES": "30"})
+    proc = subprocess.Popen(
+        [*DTRAIN, "run", "-np", "1", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code)],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        cwd=REPO,
+    )
+    os.close(slave)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the terminal closed with the last process on it
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode("utf-8", "replace"))
+    assert "1/1 running" in text  # the live status line while the rank ran
+    assert "0/1 running" in text and "exited 1 (failed 0)" in text  # its final state
+    assert "progress 50%" in text  # a progress update drawn in the live region
+    assert "done" in text
+    # the newline closed the last update: it was printed once, as a log line
+    assert text.count("[0] progress 100%") == 1
