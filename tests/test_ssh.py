@@ -439,3 +439,23 @@ def test_tf_parameter_servers_across_hosts(ssh_hosts: TestHosts, mark: str, tmp_
     servers = [ln for ln in result.stdout.splitlines() if "serving at" in ln]
     assert any(ln.startswith("[3@node2] ps 0 serving") or "ps 0" in ln for ln in servers)
     assert_nothing_left(ssh_hosts, mark)
+
+
+def test_proxy_jump_from_the_ssh_config(ssh_hosts: TestHosts, mark: str, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "Host hidden-node2\n  HostName 198.18.0.12\n  ProxyJump node1\n\n"
+        + ssh_hosts.ssh_config.read_text()
+    )
+    result = run_dtrain(
+        "run",
+        "--ssh-config",
+        str(config),
+        "-H",
+        "hidden-node2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "hostname",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[0] node2"]
