@@ -164,7 +164,9 @@ def decide_by_role(state: JobState, event: RankExited) -> tuple[JobState, Action
         failure = Failure(event.rank, event.status) if event.status != 0 else None
         state = replace(state, chief_status=event.status, failure=failure, stopping=True)
     elif role == "ps":
-        state = replace(state, failure=Failure(event.rank, event.status), stopping=True)
+        # A ps task never ends by itself: even a clean exit fails the job (code 1 then).
+        status = event.status or 1
+        state = replace(state, failure=Failure(event.rank, status), stopping=True)
     if state.stopping:
         return state, (StopAll() if state.running else Finish(state.exit_code))
     if not state.running:

@@ -114,7 +114,7 @@ def test_chief_exit_ends_a_ps_job_with_its_code() -> None:
 def test_ps_dying_fails_the_job_whatever_its_code() -> None:
     state, actions = play_ps([RankExited(3, 0)])
     assert actions == [StopAll()]
-    assert state.failure == Failure(3, 0)
+    assert state.failure == Failure(3, 1) and state.exit_code == 1
 
 
 def test_failed_worker_is_restarted_while_the_budget_lasts() -> None:

@@ -54,21 +54,33 @@ class StatusFilter:
                 self.settled.set()
                 return held
             data = self.held + chunk
-            start = data.find(mark[:1])
+            start = data.find(mark)
             if start < 0:
-                self.held = b""
-                return data
-            tail = data[start:]
-            end = tail.find(b"\n")
-            if tail.startswith(mark) and end >= 0:
-                self.status = int(tail[len(mark) : end])
-                self.settled.set()
-                self.held = b""
-                data = data[:start] + tail[end + 1 :]
-            elif mark.startswith(tail[: len(mark)]) and end < 0:
-                self.held = tail  # perhaps the start of the trailer: wait for the rest
+                # Hold back a tail that may be the start of a trailer cut by the chunking.
+                keep = next(
+                    (
+                        n
+                        for n in range(min(len(mark) - 1, len(data)), 0, -1)
+                        if mark.startswith(data[-n:])
+                    ),
+                    0,
+                )
+                self.held = data[len(data) - keep :] if keep else b""
+                data = data[: len(data) - keep]
+                if data:
+                    return data
+                continue
+            end = data.find(b"\n", start)
+            if end < 0:  # the trailer's number is not complete yet
+                self.held = data[start:]
                 data = data[:start]
             else:
+                try:
+                    self.status = int(data[start + len(mark) : end])
+                    self.settled.set()
+                    data = data[:start] + data[end + 1 :]
+                except ValueError:
+                    pass  # not our trailer after all: pass it on as output
                 self.held = b""
             if data:
                 return data
