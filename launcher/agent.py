@@ -7,7 +7,11 @@ children, and multiplexes their output and status back on its stdout.
 Its stdin is the lifeline: when it closes, the agent closes every
 watchdog's stdin, and each ends its rank as it would for a lost launcher.
 
-Frames, both ways: ``!IBI`` header (rank, kind, length), then the payload.
+Frames, both ways: ``!IBI`` header (run, kind, length), then the payload; a
+run is one start of one rank (a restarted rank is a new run), numbered by
+the launcher.  The launcher also sends a heartbeat: an agent that hears
+nothing for ``SILENCE_S`` takes the launcher for dead (a crashed machine or a
+cut network closes no channel) and drops the lifeline.
 Stdlib only and self-contained, like the watchdog.
 """
 
@@ -17,14 +21,16 @@ import selectors
 import struct
 import subprocess
 import sys
+import time
 from typing import Any
 
 HEADER = struct.Struct("!IBI")
 # agent -> launcher
 STDOUT, STDERR, EXITED, PROBED, STARTED, FAILED, STDOUT_END, STDERR_END = range(8)
 # launcher -> agent
-START, SIGNAL = 100, 101
-NO_RANK = 0xFFFFFFFF
+START, SIGNAL, HEARTBEAT = 100, 101, 102
+NO_RUN = 0xFFFFFFFF
+SILENCE_S = 45.0
 
 
 def encode(rank: int, kind: int, payload: bytes) -> bytes:
@@ -39,6 +45,7 @@ class Agent:
         self.open_pipes: dict[int, int] = {}
         self.inbox = b""
         self.lifeline_open = True
+        self.heard = time.monotonic()
 
     def send(self, rank: int, kind: int, payload: bytes) -> None:
         data = encode(rank, kind, payload)
@@ -70,6 +77,7 @@ class Agent:
         self.send(rank, STARTED, str(child.pid).encode())
 
     def handle_control(self, data: bytes) -> None:
+        self.heard = time.monotonic()
         self.inbox += data
         while len(self.inbox) >= HEADER.size:
             rank, kind, length = HEADER.unpack_from(self.inbox)
@@ -126,7 +134,9 @@ class Agent:
         os.set_blocking(0, False)
         self.selector.register(0, selectors.EVENT_READ, None)
         while self.lifeline_open or any(self.open_pipes.values()):
-            for key, _ in self.selector.select():
+            if self.lifeline_open and time.monotonic() - self.heard > SILENCE_S:
+                self.drop_lifeline()
+            for key, _ in self.selector.select(timeout=1.0):
                 if key.data is None:
                     try:
                         data = os.read(0, 65536)
@@ -148,7 +158,7 @@ def main() -> None:
     exec(compile(config["probe_source"], "dtrain-probe", "exec"), namespace)
     report = namespace["probe"](config["probe"])
     agent = Agent(config)
-    agent.send(NO_RANK, PROBED, json.dumps(report).encode())
+    agent.send(NO_RUN, PROBED, json.dumps(report).encode())
     agent.run()
 
 

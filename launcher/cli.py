@@ -419,14 +419,15 @@ DETACH_WAIT_S = 60.0
 
 def detach(options: RunOptions, environ: Mapping[str, str]) -> int:
     """Start the launcher in its own session, print the job id, return at once."""
+    import socket
     import subprocess
 
-    from launcher.jobs import JobDir, jobs_root, new_job_id
+    from launcher.jobs import JobDir, jobs_root, new_job_id, write_json
 
     job_id = new_job_id()
     root = jobs_root(options.job_dir, environ)
     job = JobDir.create(root, job_id, {"id": job_id, "command": list(options.command)})
-    child = replace(options, detach=False, job_id=job_id, plain=True, color=False)
+    child = replace(options, detach=False, job_id=job_id, quiet=True, color=False)
     with open(job.path / "launcher.log", "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "launcher", "_resume", json.dumps(asdict(child))],
@@ -436,9 +437,19 @@ def detach(options: RunOptions, environ: Mapping[str, str]) -> int:
             start_new_session=True,
             env=dict(environ),
         )
+    write_json(  # until the launcher writes its own: not "lost" while it starts
+        job.path / "status.json",
+        {
+            "id": job_id,
+            "state": "starting",
+            "launcher_pid": process.pid,
+            "launcher_host": socket.gethostname(),
+            "ranks": {},
+        },
+    )
     deadline = time.monotonic() + DETACH_WAIT_S
     while time.monotonic() < deadline:
-        if process.poll() is not None and job.status().get("state") in (None, "running"):
+        if process.poll() is not None and job.status().get("state") in ("starting", "running"):
             # It ended before it could start the job: its error is ours.
             lines = (job.path / "launcher.log").read_text(errors="replace").splitlines()
             click.echo(
@@ -449,7 +460,7 @@ def detach(options: RunOptions, environ: Mapping[str, str]) -> int:
                 err=True,
             )
             return process.returncode or 1
-        if job.status().get("ranks") or job.status().get("state") not in (None, "running"):
+        if job.status().get("ranks") or job.status().get("state") not in ("starting", "running"):
             break
         time.sleep(0.05)
     click.echo(job_id)
@@ -578,7 +589,9 @@ def jobs(prune: bool, job_dir: str | None) -> int:
 )
 def stop(job: str, job_dir: str | None) -> int:
     """Stop a running job on every host (its ranks get SIGTERM, then SIGKILL)."""
+    import contextlib
     import signal
+    import socket
 
     from launcher.jobs import find_job, pid_alive
 
@@ -586,15 +599,26 @@ def stop(job: str, job_dir: str | None) -> int:
     state = found.state()
     if state != "running":
         raise UsageError(f"job {found.id} is not running ({state})", "see dtrain jobs")
-    pid = int(found.status().get("launcher_pid", 0))
+    status = found.status()
+    pid = int(status.get("launcher_pid", 0))
+    host = status.get("launcher_host")
+    if host and host != socket.gethostname():
+        raise UsageError(
+            f"job {found.id} runs from {host}, not this machine", f"run dtrain stop on {host}"
+        )
     (found.path / STOP_MARK).touch()
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        click.echo(f"dtrain: job {found.id} had already ended", err=True)
+        return 0
     grace = float(found.meta().get("grace_s", DEFAULT_GRACE_S))
     deadline = time.monotonic() + grace + STOP_EXTRA_S
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     if pid_alive(pid):  # the watchdogs end the ranks once their launcher is gone
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     click.echo(f"dtrain: stopped job {found.id}", err=True)
     return 0
 
@@ -1003,8 +1027,17 @@ def plan_parameter_servers(options: RunOptions) -> Plan:
     from launcher.hosts import parse_host_list
     from launcher.plan import plan_ps
 
-    if options.builtin_servers and options.framework != "tf":
-        raise UsageError("--builtin-servers is for --framework tf", "drop it for torch jobs")
+    if options.framework != "tf":
+        for flag, given in (
+            ("--builtin-servers", options.builtin_servers),
+            ("--evaluator", options.evaluator),
+            ("--restart-workers", options.restart_workers > 0),
+        ):
+            if given:
+                raise UsageError(f"{flag} is for --framework tf", f"drop {flag} for torch jobs")
+    for flag, value in (("--ps-hosts", options.ps_hosts), ("--worker-hosts", options.worker_hosts)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag}: empty host list", f"give e.g. {flag} node1,node2")
     default = options.workers
     hosts = read_hosts(options.host_lists, options.hostfile, default)
     ps_hosts = parse_host_list(options.ps_hosts, "--ps-hosts") if options.ps_hosts else None

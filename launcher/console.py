@@ -321,7 +321,7 @@ class MpiOutput:
     Lines without a tag are mpirun's own and are shown under the mpirun spec.
     """
 
-    def __init__(self, view: object, specs: Mapping[int, LaunchSpec], launcher: LaunchSpec) -> None:
+    def __init__(self, view: Any, specs: Mapping[int, LaunchSpec], launcher: LaunchSpec) -> None:
         self.view = view
         self.specs = specs
         self.launcher = launcher
@@ -329,7 +329,9 @@ class MpiOutput:
         self.tails: dict[int, deque[str]] = {}
 
     def update(self, state: RankState) -> None:
-        """Rank states are not shown line by line."""
+        """mpirun's state stands for every rank it runs (mpirun tells no more)."""
+        for rank, spec in self.specs.items():
+            self.view.update(replace(state, rank=rank, host=spec.host.name, role=spec.role))
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         batch: list[bytes] = []
@@ -358,7 +360,7 @@ class MpiOutput:
     def forward(self, key: tuple[int, Stream], lines: list[bytes]) -> None:
         rank, stream = key
         spec = self.specs[rank] if rank >= 0 else self.launcher
-        self.view.show(spec, stream, lines)  # type: ignore[attr-defined]
+        self.view.show(spec, stream, lines)
 
     def first_failure(self) -> tuple[int, int] | None:
         """(rank, status) of the first failed rank, from mpirun's own report."""
@@ -494,17 +496,18 @@ class LiveView:
         self.states[state.rank] = state
 
     def status_text(self) -> str:
-        running = sum(1 for s in self.states.values() if s.status is None)
-        failed = sum(1 for s in self.states.values() if s.status not in (None, 0))
-        exited = sum(1 for s in self.states.values() if s.status is not None)
+        states = list(self.states.values())  # rich's refresh thread calls this too
+        running = sum(1 for s in states if s.status is None)
+        failed = sum(1 for s in states if s.status not in (None, 0))
+        exited = sum(1 for s in states if s.status is not None)
         hosts: dict[str, list[int]] = {}
-        for s in self.states.values():
+        for s in states:
             counts = hosts.setdefault(s.host, [0, 0])
             counts[0] += s.status is None
             counts[1] += 1
         per_host = "  ".join(f"{h} {r}/{t}" for h, (r, t) in hosts.items())
         elapsed = int(self.clock() - self.started)
-        restarts = sum(s.restarts for s in self.states.values())
+        restarts = sum(s.restarts for s in states)
         return (
             f"dtrain {self.job_id}: {running}/{self.world_size} running  {per_host}  "
             f"exited {exited} (failed {failed})  restarts {restarts}  "

@@ -46,11 +46,3 @@ class HostConnectionError(LauncherError):
     """A host that cannot be reached or used before the job starts."""
 
     exit_code = 1
-
-
-class WorkerFailure(LauncherError):
-    """A rank failed; ``exit_code`` is that rank's code (128 + signal)."""
-
-    def __init__(self, message: str, exit_code: int, hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.exit_code = exit_code

@@ -20,19 +20,22 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from launcher.command import LaunchSpec
 from launcher.errors import UsageError
-from launcher.supervisor import JobResult, RankState
-from launcher.transport.base import Stream
+
+if TYPE_CHECKING:  # types only: this streams-layer module runs below the supervisor
+    from launcher.command import LaunchSpec
+    from launcher.supervisor import JobResult, RankState
+    from launcher.transport.base import Stream
 
 DEFAULT_ROOT = Path("~/.dtrain/jobs")
-STREAM_CODES: dict[Stream, bytes] = {"stdout": b"o", "stderr": b"e"}
+STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 RUNNING = "running"
 
 
@@ -98,7 +101,10 @@ class JobDir:
         """The job's state; a running job whose launcher is gone is ``lost``."""
         status = self.status()
         state = str(status.get("state", "starting"))
-        if state in (RUNNING, "starting") and not pid_alive(int(status.get("launcher_pid", 0))):
+        here = status.get("launcher_host", socket.gethostname()) == socket.gethostname()
+        alive = pid_alive(int(status.get("launcher_pid", 0)))
+        # A launcher on another machine (a shared job directory) cannot be checked from here.
+        if state in (RUNNING, "starting") and here and not alive:
             return "lost"  # the launcher died without recording an end
         return state
 
@@ -150,26 +156,39 @@ class JobRecorder:
     def __init__(self, job: JobDir, clock: Callable[[], float] = time.time) -> None:
         self.job = job
         self.clock = clock
-        self.files: dict[int, BinaryIO] = {}
+        self.files: dict[str, BinaryIO] = {}
+        self.failed = False
         self.ranks: dict[int, RankState] = {}
         self.launcher_pid = os.getpid()
         self.started = clock()
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        file = self.files.get(spec.rank)
-        if file is None:
-            file = self.files[spec.rank] = open(self.job.log_path(spec.rank), "ab")  # noqa: SIM115
+        if self.failed:
+            return
+        key = spec.label or str(spec.rank)  # mpirun's own lines go to mpirun.log
         prefix = b"%.6f %s " % (self.clock(), STREAM_CODES[stream])
         if b"\r" in b"".join(lines):
             lines = [line for line in lines if not line.endswith(b"\r")]
-        if lines:
+        if not lines:
+            return
+        try:
+            file = self.files.get(key)
+            if file is None:
+                name = f"{spec.label}.log" if spec.label else self.job.log_path(spec.rank).name
+                file = self.files[key] = open(self.job.path / name, "ab")  # noqa: SIM115
             # One C-level join per batch: this runs for every line of every rank.
             file.write(prefix + (b"\n" + prefix).join(lines) + b"\n")
             file.flush()
+        except OSError:
+            # A full disk must not kill the training: the job goes on without its log.
+            self.failed = True
 
     def update(self, state: RankState) -> None:
         self.ranks[state.rank] = state
-        self.write_status(RUNNING, None)
+        try:
+            self.write_status(RUNNING, None)
+        except OSError:
+            self.failed = True  # as for the logs: the job goes on
 
     def write_plan(self, entries: Sequence[Mapping[str, object]]) -> None:
         write_json(self.job.path / "plan.json", list(entries))
@@ -182,6 +201,7 @@ class JobRecorder:
                 "state": state,
                 "exit_code": exit_code,
                 "launcher_pid": self.launcher_pid,
+                "launcher_host": socket.gethostname(),
                 "started": self.started,
                 "updated": self.clock(),
                 "ranks": {str(r): asdict(s) for r, s in sorted(self.ranks.items())},
@@ -190,7 +210,10 @@ class JobRecorder:
 
     def finish(self, result: JobResult, stopped: bool) -> None:
         for file in self.files.values():
-            file.close()
+            try:
+                file.close()
+            except OSError:
+                pass
         if result.exit_code == 0:
             state = "succeeded"
         elif stopped:

@@ -1,16 +1,18 @@
 """Ranks on other machines, over SSH with paramiko (imported only when a host is remote).
 
-One connection per host, opened in parallel before any rank starts.  Each
-rank runs on its own channel as the watchdog (sent as text on stdin, see
-``launcher/watchdog.py``), so the remote process group dies with the
-connection, and signals travel as lines on the channel's stdin (SSH itself
-cannot deliver them).
+One connection per host, opened in parallel before any rank starts, and on
+it one channel running dtrain's agent (``launcher/agent.py``, sent as text):
+it probes the host, then starts each rank of the host under a watchdog and
+multiplexes their output back.  When the channel ends, or the launcher
+stops sending heartbeats, every watchdog ends its rank; signals travel as
+frames (SSH itself cannot deliver them).
 """
 
 from __future__ import annotations
 
 import getpass
 import json
+import logging
 import queue
 import signal
 import socket
@@ -18,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +32,15 @@ from launcher.errors import HostConnectionError
 from launcher.hosts import Host
 from launcher.transport.base import StatusFilter, Stream
 
+# paramiko logs its own tracebacks on failed connections; dtrain reports them in one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
+
 KEEPALIVE_S = 15
 DEFAULT_FANOUT = 32
 STATUS_WAIT_S = 5.0
-EXIT_POLL_S = 0.05
+HEARTBEAT_S = 5.0  # the agent drops the lifeline after agent.SILENCE_S without one
+TCP_USER_TIMEOUT_MS = 30_000  # a host that stops acknowledging is given up after this
 WATCHDOG_SOURCE = Path(watchdog.__file__).read_bytes()
 PROBE_SOURCE = Path(probe.__file__).read_text()
 AGENT_SOURCE = Path(agent.__file__).read_bytes()
@@ -92,7 +99,7 @@ def resolve_target(host: Host, settings: SshSettings, config: paramiko.SSHConfig
     return SshTarget(
         alias=host.name,
         hostname=entry.get("hostname", host.name),
-        port=settings.port or int(entry.get("port", 22)),
+        port=settings.port or config_port(entry.get("port", "22"), host.name),
         user=host.user or entry.get("user") or getpass.getuser(),
         identities=tuple(identities),
         proxy_jump=entry.get("proxyjump"),
@@ -100,6 +107,24 @@ def resolve_target(host: Host, settings: SshSettings, config: paramiko.SSHConfig
         known_hosts=tuple(str(Path(p).expanduser()) for p in known.split()),
         accept_new=settings.accept_new_host_keys or strict in ("accept-new", "no", "off"),
     )
+
+
+def config_port(text: str, host: str) -> int:
+    if not str(text).isdigit() or not 0 < int(text) < 65536:
+        raise HostConnectionError(
+            f"{host}: Port {text!r} in the ssh config is not a port number",
+            "fix the Port line of that host in the ssh config",
+        )
+    return int(text)
+
+
+def split_host_port(text: str) -> tuple[str, int | None]:
+    """``host``, ``host:port`` or ``[v6]:port`` as in ssh's ProxyJump."""
+    if text.startswith("["):
+        address, _, rest = text[1:].partition("]")
+        return address, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    name, _, port = text.partition(":")
+    return name, int(port) if port.isdigit() else None
 
 
 class UnknownHostKeyError(paramiko.SSHException):
@@ -235,10 +260,16 @@ def connect(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> Ss
     try:
         sock: Any = None
         if target.proxy_jump and target.proxy_jump.lower() != "none":
-            from launcher.hosts import parse_host_list
-
-            jump_host = parse_host_list(target.proxy_jump.split(",")[0], source="ProxyJump")[0]
-            jump = connect(jump_host, settings, config)
+            hops = target.proxy_jump.split(",")
+            if len(hops) > 1:
+                raise HostConnectionError(
+                    f"{where}: ProxyJump {target.proxy_jump}: only one jump host is supported",
+                    "chain the jumps in the jump host's own ProxyJump entry instead",
+                )
+            jump_user, _, jump_address = hops[0].strip().rpartition("@")
+            jump_name, jump_port = split_host_port(jump_address)
+            jump_settings = replace(settings, port=jump_port) if jump_port else settings
+            jump = connect(Host(jump_name, user=jump_user or None), jump_settings, config)
             jump_transport = jump.client.get_transport()
             assert jump_transport is not None
             sock = jump_transport.open_channel(
@@ -300,13 +331,21 @@ def connect(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> Ss
             "check that sshd runs there and the port (--ssh-port, Port in ~/.ssh/config)",
         ) from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
+        if jump is not None:
+            jump.close()
         raise HostConnectionError(f"{where}: SSH failed: {exc or type(exc).__name__}") from None
     transport = client.get_transport()
     assert transport is not None
     transport.set_keepalive(KEEPALIVE_S)
     if isinstance(transport.sock, socket.socket):
-        # Small control messages (signals) must not wait for Nagle and delayed ACKs (40 ms).
+        # Small control messages (signals) must not wait for Nagle and delayed ACKs (40 ms),
+        # and a host that dies must not hold the job for TCP's 15 minutes of retries.
         transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            transport.sock.setsockopt(
+                socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS
+            )
     peer, local = address_pair(transport)
     return SshConnection(
         host, target, client, jump, peer_address=peer or target.hostname, local_address=local
@@ -411,8 +450,9 @@ class HostAgent:
         self.connection = connection
         self.channel = channel
         self.lock = threading.Lock()
-        self.processes: dict[int, AgentProcess] = {}
+        self.processes: dict[int, AgentProcess] = {}  # by run id
         self.buffer = b""
+        self.runs = 0
 
     @classmethod
     def open(
@@ -431,6 +471,7 @@ class HostAgent:
             "watchdog": WATCHDOG_SOURCE.decode(),
             "bootstrap": watchdog.BOOTSTRAP,
         }
+        channel = None
         try:
             channel = connection.open_channel(command, timeout_s)
             channel.sendall(
@@ -444,7 +485,9 @@ class HostAgent:
                 f"{name}: no answer from the host probe within {timeout_s:g}s",
                 "check the host's load, or raise --ssh-timeout",
             ) from None
-        except (paramiko.SSHException, OSError, EOFError):
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            if channel is None:
+                raise HostConnectionError(f"{name}: cannot open an SSH channel: {exc}") from None
             err = drain(channel.recv_stderr, channel.recv_stderr_ready).decode("utf-8", "replace")
             last = (err.strip().splitlines() or ["the channel closed"])[-1]
             raise HostConnectionError(
@@ -456,7 +499,17 @@ class HostAgent:
             raise HostConnectionError(f"{name}: unexpected answer from the host agent ({kind})")
         channel.settimeout(None)
         threading.Thread(target=host.demultiplex, daemon=True).start()
+        threading.Thread(target=host.beat, daemon=True).start()
         return host, report_from(json.loads(payload))
+
+    def beat(self) -> None:
+        """Tell the agent the launcher lives, until the channel closes."""
+        while not self.channel.closed:
+            try:
+                self.send(agent.NO_RUN, agent.HEARTBEAT, b"")
+            except (OSError, paramiko.SSHException):
+                return
+            time.sleep(HEARTBEAT_S)
 
     def next_frame(self) -> tuple[int, int, bytes]:
         """The next frame from the agent; EOFError when the channel ends."""
@@ -477,8 +530,8 @@ class HostAgent:
         """Route the agent's frames to the ranks' streams and exits, until the channel ends."""
         try:
             while True:
-                rank, kind, payload = self.next_frame()
-                process = self.processes.get(rank)
+                run, kind, payload = self.next_frame()
+                process = self.processes.get(run)
                 if process is not None:
                     process.receive(kind, payload)
         except (EOFError, OSError, paramiko.SSHException):
@@ -491,8 +544,9 @@ class HostAgent:
             self.channel.sendall(agent.encode(rank, kind, payload))
 
     def start(self, spec: LaunchSpec, grace_s: float, path_prefix: str | None) -> AgentProcess:
-        process = AgentProcess(spec, self)
-        self.processes[spec.rank] = process
+        self.runs += 1
+        process = AgentProcess(spec, self, self.runs)
+        self.processes[self.runs] = process
         remote_spec = {
             "argv": list(spec.argv),
             "env": dict(spec.env),
@@ -502,7 +556,7 @@ class HostAgent:
             "grace_s": grace_s,
         }
         try:
-            self.send(spec.rank, agent.START, json.dumps(remote_spec).encode())
+            self.send(process.run, agent.START, json.dumps(remote_spec).encode())
         except (paramiko.SSHException, OSError) as exc:
             raise HostConnectionError(
                 f"{spec.host.name}: cannot start rank {spec.rank}: {exc}"
@@ -516,9 +570,10 @@ class HostAgent:
 class AgentProcess:
     """A remote rank, as its host's agent reports it."""
 
-    def __init__(self, spec: LaunchSpec, host: HostAgent) -> None:
+    def __init__(self, spec: LaunchSpec, host: HostAgent, run: int) -> None:
         self.spec = spec
         self.host = host
+        self.run = run
         self.pid = 0
         self.queues: dict[Stream, queue.SimpleQueue[bytes]] = {
             "stdout": queue.SimpleQueue(),
@@ -567,10 +622,15 @@ class AgentProcess:
         return self.stderr.read(size) if stream == "stderr" else self.read_raw(stream)
 
     def wait(self) -> int:
-        self.exited.wait()
-        self.stderr.settled.wait(STATUS_WAIT_S)
+        # The trailer comes the moment the program exits (before its leftovers are ended):
+        # it, not the agent's later EXITED, decides which rank failed first.
+        while not self.stderr.settled.wait(0.05):
+            if self.exited.is_set():
+                self.stderr.settled.wait(STATUS_WAIT_S)
+                break
         if self.stderr.status is not None:
             return self.stderr.status
+        self.exited.wait()
         assert self.code is not None
         return self.code
 
@@ -580,7 +640,7 @@ class AgentProcess:
         if self.exited.is_set():
             return
         try:
-            self.host.send(self.spec.rank, agent.SIGNAL, str(signum).encode())
+            self.host.send(self.run, agent.SIGNAL, str(signum).encode())
         except (OSError, paramiko.SSHException):
             pass
 
