@@ -170,6 +170,11 @@ def test_hostfile_gpus_and_hosts_command(tmp_path: Path) -> None:
         ),
         (["run", "--tag-format", "[{rank:q}]", "true"], "dtrain: error: --tag-format '[{rank:q}]'"),
         (["nosuchcommand"], "dtrain: error: No such command 'nosuchcommand'"),
+        (
+            ["ps", "--framework", "torch", "--restart-workers", "1", "true"],
+            "dtrain: error: --restart-workers is for --framework tf",
+        ),
+        (["ps", "--ps-hosts", " ", "true"], "dtrain: error: --ps-hosts: empty host list"),
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -227,3 +232,22 @@ def test_unresolvable_host_fails_fast_naming_it() -> None:
         "dtrain: error: no-such-host.invalid: cannot resolve the host name "
         "(hint: check the name or its HostName in ~/.ssh/config)"
     ]
+
+
+def test_bad_port_in_the_ssh_config_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("Host far\n  HostName 198.18.0.250\n  Port abc\n")
+    result = run_dtrain("run", "--ssh-config", str(config), "-H", "far", "true")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "dtrain: error: far: Port 'abc' in the ssh config is not a port number "
+        "(hint: fix the Port line of that host in the ssh config)"
+    ]
+
+
+def test_proxy_jump_targets_parse() -> None:
+    from launcher.transport.ssh import split_host_port
+
+    assert split_host_port("bastion") == ("bastion", None)
+    assert split_host_port("bastion:2222") == ("bastion", 2222)
+    assert split_host_port("[fe80::1]:22") == ("fe80::1", 22)
