@@ -277,7 +277,7 @@ def run_dtrain_in_process(args: Sequence[str]) -> dict[str, float] | str:
     run: from the last rank started to every exit status received;
     finish: job record, closing the connections.
     """
-    from launcher import cli
+    from launcher import cli, survey
     from launcher.supervisor import Supervisor
     from launcher.transport import ssh
 
@@ -285,7 +285,7 @@ def run_dtrain_in_process(args: Sequence[str]) -> dict[str, float] | str:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.ExitStack() as stack:
         stack.enter_context(timed_attribute(ssh, "connect_all", clock, "connect"))
-        stack.enter_context(timed_attribute(cli, "probe_remote_hosts", clock, "probe"))
+        stack.enter_context(timed_attribute(survey, "probe_remote_hosts", clock, "probe"))
         stack.enter_context(timed_attribute(ssh.SshTransport, "start", clock, "start"))
         stack.enter_context(timed_attribute(Supervisor, "run", clock, "supervise"))
         stack.enter_context(contextlib.redirect_stdout(out))

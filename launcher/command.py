@@ -84,34 +84,3 @@ def build_remote_command(python: str, args: Sequence[str]) -> str:
         "{ echo 'dtrain: no python3 on PATH' >&2; exit 127; }; "
         f'exec "$p" {quoted}'
     )
-
-
-def build_mpirun_argv(
-    mpirun: str,
-    *,
-    np: int,
-    hostfile: str,
-    map_by: str,
-    env: Mapping[str, str],
-    prefix: str | None,
-    as_root: bool,
-    mca: Mapping[str, str],
-    argv: Sequence[str],
-) -> list[str]:
-    """Open MPI's mpirun command line for a dtrain job (``dtrain run --mpi``).
-
-    Every variable dtrain sets travels with ``-x NAME=value``; ``--output tag``
-    gives ``[1,RANK]<stdout>:`` prefixes that dtrain turns back into its own tags.
-    """
-    # The hostfile holds exactly the ranks dtrain placed on each host: no oversubscription here.
-    command = [mpirun, "-np", str(np), "--hostfile", hostfile, "--map-by", map_by]
-    command += ["--output", "tag"]
-    if as_root:
-        command.append("--allow-run-as-root")
-    if prefix:
-        command += ["--prefix", prefix]
-    for name, value in mca.items():
-        command += ["--mca", name, value]
-    for name, value in env.items():
-        command += ["-x", f"{name}={value}"]
-    return [*command, *argv]

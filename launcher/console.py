@@ -7,31 +7,24 @@ the hot path stays string joins).
 
 from __future__ import annotations
 
+import contextlib
 import json
-import re
-import string
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from contextlib import AbstractContextManager
 from typing import Any, TextIO
 
 from launcher.command import LaunchSpec
-from launcher.errors import LauncherError, UsageError
+from launcher.config import ViewConfig
+from launcher.errors import LauncherError
 from launcher.hosts import Host
+from launcher.jobs import JobSummary, LogLine
+from launcher.outcome import JobResult, OutputSink, RankState, Stream
 from launcher.plan import Plan
 from launcher.policy import describe_status
-from launcher.supervisor import JobResult, RankState
-from launcher.transport.base import Stream
 
-MPI_TAGGED = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
-MPI_FIRST_EXIT = re.compile(r"Process name: \[[^\]]*,(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
-MPI_FIRST_SIGNAL = re.compile(
-    r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)"
-)
-TAIL_LINES = 20
 DEFAULT_TAG = "[{rank}]"
-TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "time")
+HOST_TAG = "[{rank}@{host}]"  # when the job spans several hosts
 RANK_COLORS = (
     "cyan",
     "magenta",
@@ -45,28 +38,6 @@ RANK_COLORS = (
     "bright_blue",
 )
 STDERR_MARK = "<stderr>"
-
-
-def check_tag_format(tag_format: str) -> None:
-    """Reject a ``--tag-format`` with unknown fields before anything starts."""
-    try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(tag_format) if f is not None]
-    except ValueError as exc:
-        raise UsageError(
-            f"--tag-format {tag_format!r}: {exc}", "write e.g. '[{rank}@{host}]'"
-        ) from exc
-    unknown = [f for f in fields if f not in TAG_FIELDS]
-    if unknown:
-        raise UsageError(
-            f"--tag-format {tag_format!r}: unknown field {{{unknown[0]}}}",
-            "fields are " + ", ".join("{" + f + "}" for f in TAG_FIELDS),
-        )
-    try:
-        tag_format.format(rank=0, host="h", local_rank=0, node_rank=0, role="worker", time="t")
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
-        raise UsageError(
-            f"--tag-format {tag_format!r}: {exc}", "write e.g. '[{rank}@{host}]'"
-        ) from None
 
 
 class LineView:
@@ -232,6 +203,38 @@ def format_plan_json(entries: Sequence[Mapping[str, object]]) -> str:
     return json.dumps(list(entries), indent=2)
 
 
+def format_dry_run(
+    entries: Sequence[Mapping[str, object]],
+    mpirun: Sequence[str] | None,
+    hostfile: str | None,
+    as_json: bool,
+) -> str:
+    """``--dry-run``: the ranks, or under ``--mpi`` mpirun's command line and hostfile."""
+    if mpirun is not None:
+        if as_json:
+            return json.dumps({"mpirun": list(mpirun), "hostfile": hostfile}, indent=2)
+        return shell_join(mpirun) + "\n# hostfile:\n" + (hostfile or "").rstrip()
+    return format_plan_json(entries) if as_json else "\n".join(format_plan(entries))
+
+
+def format_jobs(summaries: Sequence[JobSummary]) -> list[str]:
+    """``dtrain jobs``: one row per job."""
+    rows = [("job", "state", "ranks", "hosts", "size", "age", "command")]
+    rows += [
+        (
+            s.id,
+            s.state,
+            s.world_size,
+            ",".join(s.hosts) or "-",
+            human_size(s.size),
+            human_age(s.age_s),
+            " ".join(s.command)[:60],
+        )
+        for s in summaries
+    ]
+    return format_table(rows)
+
+
 def format_hosts(hosts: Sequence[Host]) -> list[str]:
     rows = [("host", "user", "slots", "max_slots", "gpus")]
     for h in hosts:
@@ -244,8 +247,7 @@ def format_hosts(hosts: Sequence[Host]) -> list[str]:
                 ",".join(h.gpus) if h.gpus is not None else "-",
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines = format_table(rows)
     lines.append(
         f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}, {sum(h.slots for h in hosts)} slots"
     )
@@ -272,6 +274,10 @@ def shell_quote(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def shell_join(argv: Sequence[str]) -> str:
+    return " ".join(shell_quote(a) for a in argv)
 
 
 def print_check_report(rows: Sequence[Mapping[str, Any]], out: TextIO) -> None:
@@ -313,75 +319,6 @@ def print_check_report(rows: Sequence[Mapping[str, Any]], out: TextIO) -> None:
     console.print(table)
     failed = sum(1 for row in rows if not row["ok"])
     console.print(f"{len(rows) - failed} of {len(rows)} hosts ok", highlight=False)
-
-
-class MpiOutput:
-    """An output sink in front of the view: splits mpirun's ``[1,R]<stream>:`` lines by rank.
-
-    Lines without a tag are mpirun's own and are shown under the mpirun spec.
-    """
-
-    def __init__(self, view: Any, specs: Mapping[int, LaunchSpec], launcher: LaunchSpec) -> None:
-        self.view = view
-        self.specs = specs
-        self.launcher = launcher
-        self.own_lines: list[str] = []
-        self.tails: dict[int, deque[str]] = {}
-
-    def update(self, state: RankState) -> None:
-        """mpirun's state stands for every rank it runs (mpirun tells no more)."""
-        for rank, spec in self.specs.items():
-            self.view.update(replace(state, rank=rank, host=spec.host.name, role=spec.role))
-
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        batch: list[bytes] = []
-        current: tuple[int, Stream] | None = None
-        for line in lines:
-            match = MPI_TAGGED.match(line)
-            key: tuple[int, Stream]
-            if match and int(match[1]) in self.specs:
-                key = (int(match[1]), "stdout" if match[2] == b"stdout" else "stderr")
-                text = line[match.end() :]
-            else:
-                key, text = (-1, stream), line
-                self.own_lines.append(line.decode("utf-8", "replace"))
-            if key[0] >= 0 and key[1] == "stderr":
-                self.tails.setdefault(key[0], deque(maxlen=TAIL_LINES)).append(
-                    text.decode("utf-8", "replace")
-                )
-            if key != current and batch and current is not None:
-                self.forward(current, batch)
-                batch = []
-            current = key
-            batch.append(text)
-        if batch and current is not None:
-            self.forward(current, batch)
-
-    def forward(self, key: tuple[int, Stream], lines: list[bytes]) -> None:
-        rank, stream = key
-        spec = self.specs[rank] if rank >= 0 else self.launcher
-        self.view.show(spec, stream, lines)
-
-    def first_failure(self) -> tuple[int, int] | None:
-        """(rank, status) of the first failed rank, from mpirun's own report."""
-        text = "\n".join(self.own_lines)
-        exit_match = MPI_FIRST_EXIT.search(text)
-        if exit_match:
-            return int(exit_match[1]), int(exit_match[2])
-        signal_match = MPI_FIRST_SIGNAL.search(text)
-        if signal_match:
-            return int(signal_match[1]), -int(signal_match[3])
-        return None
-
-
-def rank_specs(plan: Plan, template: LaunchSpec) -> dict[int, LaunchSpec]:
-    """Specs that stand for each MPI rank in the view (tags show rank and host)."""
-    return {
-        r.rank: replace(
-            template, rank=r.rank, host=r.host, local_rank=r.local_rank, node_rank=r.node_rank
-        )
-        for r in plan.ranks
-    }
 
 
 class JsonLinesView:
@@ -520,3 +457,89 @@ class LiveView:
 
         rows = [Text(f"[{rank}] {text}") for rank, text in sorted(self.progress.items())]
         return Group(*rows, Text(self.status_text(), style="bold"))
+
+
+class TerminalFrontend:
+    """The job's ``Frontend`` on this process's terminal: the view its options ask for."""
+
+    def __init__(self, config: ViewConfig, out: TextIO, err: TextIO) -> None:
+        self.config = config
+        self.out = out
+        self.err = err
+
+    def open_view(self, job_id: str, plan: Plan) -> tuple[OutputSink, AbstractContextManager[Any]]:
+        if not self.config.as_json:
+            self.notice(
+                f"dtrain: job {job_id} ({plan.world_size} ranks); logs: dtrain logs {job_id}"
+            )
+        several_hosts = len(plan.hosts) > 1
+        return make_view(self.config, job_id, plan.world_size, several_hosts, self.out, self.err)
+
+    def notice(self, text: str) -> None:
+        self.err.write(text + "\n")
+        self.err.flush()
+
+
+class LogView:
+    """``dtrain logs``: a recorded job's lines, tagged as they were when it ran."""
+
+    def __init__(self, specs: Mapping[int, LaunchSpec], out: TextIO) -> None:
+        self.specs = specs
+        several_hosts = len({spec.host.name for spec in specs.values()}) > 1
+        self.view = LineView(out, out, tag_format=HOST_TAG if several_hosts else DEFAULT_TAG)
+
+    def show_line(self, line: LogLine) -> None:
+        spec = self.specs.get(line.rank) or LaunchSpec(line.rank, Host("?"), 0, (), {})
+        self.view.show(spec, line.stream, [line.text])
+
+
+def make_view(
+    config: ViewConfig,
+    job_id: str,
+    world_size: int,
+    several_hosts: bool,
+    out: TextIO,
+    err: TextIO,
+) -> tuple[OutputSink, AbstractContextManager[Any]]:
+    """The view a job's options ask for: quiet, JSON lines, the live view on a colour
+    terminal, or plain tagged lines; ``--ranks`` filters it.  The context shows it."""
+    tag_format = config.tag_format or (HOST_TAG if several_hosts else DEFAULT_TAG)
+    line_view = make_line_view(out, err, tag_format, config.color)
+    view: OutputSink
+    showing: AbstractContextManager[Any] = contextlib.nullcontext()
+    if config.quiet:
+        view = QuietView()
+    elif config.as_json:
+        view = JsonLinesView(out)
+    elif line_view.color and not config.plain and out.isatty():
+        live = LiveView(out, line_view, job_id, world_size)
+        view, showing = live, live
+    else:
+        view = line_view
+    ranks = config.rank_set
+    if ranks is not None:
+        view = RankFilter(view, set(ranks))
+    return view, showing
+
+
+def format_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows as left-aligned columns, two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+
+
+def human_size(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"
+
+
+def human_age(seconds: float) -> str:
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length:
+            return f"{seconds / length:.0f}{unit}"
+    return f"{seconds:.0f}s"

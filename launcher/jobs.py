@@ -25,16 +25,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
+from launcher.command import LaunchSpec
 from launcher.errors import UsageError
-
-if TYPE_CHECKING:  # types only: this streams-layer module runs below the supervisor
-    from launcher.command import LaunchSpec
-    from launcher.supervisor import JobResult, RankState
-    from launcher.transport.base import Stream
+from launcher.hosts import Host
+from launcher.outcome import JobResult, RankState, Stream
 
 DEFAULT_ROOT = Path("~/.dtrain/jobs")
+STOP_MARK = "stop-requested"  # dtrain stop leaves it: the job ends as "stopped"
 STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 RUNNING = "running"
 
@@ -107,6 +106,21 @@ class JobDir:
         if state in (RUNNING, "starting") and here and not alive:
             return "lost"  # the launcher died without recording an end
         return state
+
+    def recorded_specs(self) -> dict[int, LaunchSpec]:
+        """The ranks of the recorded plan as specs (rank, host, role...), to tag log lines."""
+        return {
+            int(e["rank"]): LaunchSpec(
+                rank=int(e["rank"]),
+                host=Host(str(e["host"]).split("@")[-1]),
+                local_rank=int(e["local_rank"]),
+                argv=(),
+                env={},
+                role=str(e.get("role", "worker")),
+                node_rank=int(e["node_rank"]),
+            )
+            for e in self.plan()
+        }
 
     def size(self) -> int:
         return sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
@@ -288,3 +302,109 @@ def parse_duration(text: str) -> float:
 
 def remove_job(job: JobDir) -> None:
     shutil.rmtree(job.path, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class LogQuery:
+    """``dtrain logs``'s filters: ranks, a role, the last N seconds, a regular expression."""
+
+    ranks: frozenset[int] | None = None
+    role: str | None = None
+    since_s: float | None = None
+    pattern: str | None = None
+
+
+def select_lines(
+    job: JobDir,
+    specs: Mapping[int, LaunchSpec],
+    query: LogQuery,
+    follow: bool,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[LogLine]:
+    """The job's log lines that ``query`` selects, merged by time; with ``follow``, new
+    ones until the job ends."""
+    wanted = set(query.ranks) if query.ranks is not None else None
+    if query.role is not None:
+        by_role = {r for r, spec in specs.items() if spec.role == query.role}
+        wanted = by_role if wanted is None else wanted & by_role
+    try:
+        matcher = re.compile(query.pattern.encode()) if query.pattern else None
+    except re.error as exc:
+        raise UsageError(
+            f"--grep {query.pattern!r}: {exc}", "give a Python regular expression"
+        ) from None
+    cutoff = clock() - query.since_s if query.since_s is not None else None
+    reader = LogReader(job, wanted)
+    while True:
+        running = job.state() == RUNNING
+        for line in reader.read_new():
+            if cutoff is not None and line.time < cutoff:
+                continue
+            if matcher is None or matcher.search(line.text):
+                yield line
+        if not (follow and running):
+            return
+        sleep(LOG_POLL_S)
+
+
+LOG_POLL_S = 0.2
+
+
+def prepare_output_dir(path: str | None) -> Path | None:
+    """Create ``--output-dir`` now, so a bad path fails before any rank starts."""
+    if path is None:
+        return None
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        probe = Path(path, ".dtrain-write-test")
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(
+            f"--output-dir {path}: cannot write there ({exc.strerror})",
+            "give a directory you can write to",
+        ) from None
+    return Path(path)
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """One line of ``dtrain jobs``."""
+
+    id: str
+    state: str
+    world_size: str
+    hosts: tuple[str, ...]
+    size: int
+    age_s: float
+    command: tuple[str, ...]
+
+
+def summarize_jobs(
+    root: Path, prune: bool, clock: Callable[[], float] = time.time
+) -> tuple[list[JobSummary], int]:
+    """Every job under ``root`` (oldest first); with ``prune``, finished ones are removed
+    instead (their count is returned)."""
+    summaries: list[JobSummary] = []
+    removed = 0
+    for job in list_jobs(root):
+        state = job.state()
+        if prune and state not in (RUNNING, "starting"):
+            remove_job(job)
+            removed += 1
+            continue
+        meta = job.meta()
+        started = float(job.status().get("started") or job.path.stat().st_mtime)
+        summaries.append(
+            JobSummary(
+                id=job.id,
+                state=state,
+                world_size=str(meta.get("world_size", "?")),
+                hosts=tuple(meta.get("hosts", [])),
+                size=job.size(),
+                age_s=clock() - started,
+                command=tuple(meta.get("command", [])),
+            )
+        )
+    return summaries, removed

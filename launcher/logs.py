@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+from launcher.outcome import PROGRESS, OutputSink, RankState, Stream
+
+if TYPE_CHECKING:
+    from launcher.command import LaunchSpec
 
 LINE_BREAK = re.compile(rb"(\r\n|\r|\n)")
-PROGRESS = b"\r"  # kept at the end of a line a bare \r ended: a progress update
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a longer "line" is cut; 1 MB lines pass whole
 READ_BYTES = 256 * 1024
 
@@ -130,3 +134,18 @@ def copy_chunk(raw_copy: BinaryIO | None, chunk: bytes) -> BinaryIO | None:
         except OSError:
             pass
         return None
+
+
+class Tee:
+    """One sink made of several (the job directory and the terminal, say)."""
+
+    def __init__(self, *sinks: OutputSink) -> None:
+        self.sinks = sinks
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        for sink in self.sinks:
+            sink.show(spec, stream, lines)
+
+    def update(self, state: RankState) -> None:
+        for sink in self.sinks:
+            sink.update(state)

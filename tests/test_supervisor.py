@@ -3,81 +3,12 @@
 from __future__ import annotations
 
 import signal
-import threading
 
 from launcher.command import LaunchSpec
 from launcher.hosts import Host
-from launcher.supervisor import JobResult, RankReport, RankState, Signalled, Supervisor
-from launcher.transport.base import Stream
-
-
-class FakeProcess:
-    """Writes its script, then exits with ``status`` (or runs until signalled)."""
-
-    def __init__(
-        self,
-        spec: LaunchSpec,
-        script: dict[Stream, list[bytes]],
-        status: int | None,
-        ignores_term: bool = False,
-    ) -> None:
-        self.spec = spec
-        self.pid = 1000 + spec.rank
-        self.script = {stream: list(chunks) for stream, chunks in script.items()}
-        self.status = status
-        self.ignores_term = ignores_term
-        self.signals: list[int] = []
-        self.exited = threading.Event()
-        if status is not None:
-            self.exited.set()
-
-    def read(self, stream: Stream, size: int) -> bytes:
-        chunks = self.script.get(stream, [])
-        if chunks:
-            return chunks.pop(0)
-        self.exited.wait()
-        return b""
-
-    def wait(self) -> int:
-        self.exited.wait()
-        assert self.status is not None
-        return self.status
-
-    def signal(self, signum: int) -> None:
-        self.signals.append(signum)
-        if signum == signal.SIGKILL or not self.ignores_term:
-            self.status = -signum
-            self.exited.set()
-
-
-class FakeTransport:
-    def __init__(
-        self, plans: dict[int, tuple[dict[Stream, list[bytes]], int | None, bool]]
-    ) -> None:
-        self.plans = plans
-        self.started: dict[int, FakeProcess] = {}
-        self.closed = False
-
-    def start(self, spec: LaunchSpec) -> FakeProcess:
-        script, status, ignores_term = self.plans[spec.rank]
-        process = FakeProcess(spec, script, status, ignores_term)
-        self.started[spec.rank] = process
-        return process
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class RecordingSink:
-    def __init__(self) -> None:
-        self.lines: list[tuple[int, Stream, bytes]] = []
-        self.states: list[RankState] = []
-
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        self.lines.extend((spec.rank, stream, line) for line in lines)
-
-    def update(self, state: RankState) -> None:
-        self.states.append(state)
+from launcher.outcome import JobResult, RankReport, RankState
+from launcher.supervisor import Signalled, Supervisor
+from tests.fakes import FakeClock, FakeTransport, RecordingSink, Script
 
 
 def specs(count: int) -> list[LaunchSpec]:
@@ -87,11 +18,12 @@ def specs(count: int) -> list[LaunchSpec]:
 
 
 def supervise(
-    plans: dict[int, tuple[dict[Stream, list[bytes]], int | None, bool]], grace_s: float = 5.0
+    plans: dict[int, Script], grace_s: float = 5.0
 ) -> tuple[JobResult, FakeTransport, RecordingSink]:
-    transport, sink = FakeTransport(plans), RecordingSink()
+    clock = FakeClock()
+    transport, sink = FakeTransport(plans, clock), RecordingSink()
     result = Supervisor(
-        specs(len(plans)), transport, sink, grace_s=grace_s, handle_signals=False
+        specs(len(plans)), transport, sink, grace_s=grace_s, handle_signals=False, clock=clock
     ).run()
     return result, transport, sink
 
@@ -144,22 +76,35 @@ def test_rank_ignoring_sigterm_gets_sigkill_after_grace() -> None:
             0: ({"stdout": [b"bye\n"]}, 1, False),
             1: ({}, None, True),
         },
-        grace_s=0.2,
+        grace_s=30,
     )
     assert result.exit_code == 1
     assert transport.started[1].signals == [signal.SIGTERM, signal.SIGKILL]
+    term_at, kill_at = transport.started[1].signal_times
+    assert kill_at - term_at == 30  # exactly the grace period, in the loop's own time
     assert result.statuses[1] == -signal.SIGKILL
     assert result.failure is not None and result.failure.last_lines == ("bye",)
 
 
+def test_rank_exiting_on_sigterm_is_not_killed() -> None:
+    result, transport, _ = supervise({0: ({}, 2, False), 1: ({}, None, False)}, grace_s=30)
+    assert transport.started[1].signals == [signal.SIGTERM]
+    assert result.statuses == {0: 2, 1: -signal.SIGTERM} and result.exit_code == 2
+
+
 def test_interrupt_stops_gracefully_then_second_kills() -> None:
-    transport, sink = FakeTransport({0: ({}, None, True), 1: ({}, None, True)}), RecordingSink()
-    supervisor = Supervisor(specs(2), transport, sink, grace_s=60, handle_signals=False)
+    clock = FakeClock()
+    transport = FakeTransport({0: ({}, None, True), 1: ({}, None, True)}, clock)
+    supervisor = Supervisor(
+        specs(2), transport, RecordingSink(), grace_s=60, handle_signals=False, clock=clock
+    )
     supervisor.events.put(Signalled(signal.SIGINT))
     supervisor.events.put(Signalled(signal.SIGINT))
     result = supervisor.run()
     assert result.exit_code == 130 and result.interrupt == signal.SIGINT
     assert transport.started[0].signals == [signal.SIGTERM, signal.SIGKILL]
+    term_at, kill_at = transport.started[0].signal_times
+    assert kill_at == term_at  # the second Ctrl-C does not wait for the grace period
     assert result.statuses == {0: -signal.SIGKILL, 1: -signal.SIGKILL}
 
 

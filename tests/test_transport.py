@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher.transport.base import StatusFilter
-from launcher.watchdog import STATUS_MARK
+from launcher.remote.watchdog import STATUS_MARK
 
 
 def filtered(stream: bytes, cuts: list[int]) -> tuple[bytes, int | None]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Protocol
 
-from launcher import watchdog
 from launcher.command import LaunchSpec
+from launcher.outcome import Stream
+from launcher.remote import watchdog
 
-Stream = Literal["stdout", "stderr"]
+__all__ = ["Process", "RoutedTransport", "StatusFilter", "Stream", "Transport"]
 
 
 class Process(Protocol):

@@ -10,14 +10,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import IO
 
+from launcher import remote
 from launcher.command import LaunchSpec
 from launcher.errors import LauncherError
 from launcher.transport.base import StatusFilter, Stream
 
-WATCHDOG = Path(__file__).resolve().parent.parent / "watchdog.py"
+WATCHDOG = remote.path("watchdog")
 NVIDIA_SMI_TIMEOUT_S = 10.0
 EXIT_POLL_S = 0.05
 STATUS_WAIT_S = 5.0  # after the watchdog exited, how long its status may take to arrive
@@ -129,7 +129,7 @@ class LocalTransport:
 
 def find_free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports free on this machine right now (the probe's way)."""
-    from launcher.probe import free_ports
+    from launcher.remote.probe import free_ports
 
     return free_ports(count)
 

@@ -1,7 +1,7 @@
 """Ranks on other machines, over SSH with paramiko (imported only when a host is remote).
 
 One connection per host, opened in parallel before any rank starts, and on
-it one channel running dtrain's agent (``launcher/agent.py``, sent as text):
+it one channel running dtrain's agent (``launcher/remote/agent.py``, sent as text):
 it probes the host, then starts each rank of the host under a watchdog and
 multiplexes their output back.  When the channel ends, or the launcher
 stops sending heartbeats, every watchdog ends its rank; signals travel as
@@ -26,10 +26,11 @@ from typing import Any
 
 import paramiko
 
-from launcher import agent, probe, watchdog
+from launcher import remote
 from launcher.command import LaunchSpec, build_remote_command
 from launcher.errors import HostConnectionError
 from launcher.hosts import Host
+from launcher.remote import agent, watchdog
 from launcher.transport.base import StatusFilter, Stream
 
 # paramiko logs its own tracebacks on failed connections; dtrain reports them in one line.
@@ -41,9 +42,9 @@ DEFAULT_FANOUT = 32
 STATUS_WAIT_S = 5.0
 HEARTBEAT_S = 5.0  # the agent drops the lifeline after agent.SILENCE_S without one
 TCP_USER_TIMEOUT_MS = 30_000  # a host that stops acknowledging is given up after this
-WATCHDOG_SOURCE = Path(watchdog.__file__).read_bytes()
-PROBE_SOURCE = Path(probe.__file__).read_text()
-AGENT_SOURCE = Path(agent.__file__).read_bytes()
+WATCHDOG_SOURCE = remote.source("watchdog")
+PROBE_SOURCE = remote.source("probe")
+AGENT_SOURCE = remote.source("agent").encode()
 
 
 @dataclass(frozen=True)
@@ -258,28 +259,7 @@ def connect(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> Ss
     where = f"{host.name}" if target.hostname == host.name else f"{host.name} ({target.hostname})"
     jump: SshConnection | None = None
     try:
-        sock: Any = None
-        if target.proxy_jump and target.proxy_jump.lower() != "none":
-            hops = target.proxy_jump.split(",")
-            if len(hops) > 1:
-                raise HostConnectionError(
-                    f"{where}: ProxyJump {target.proxy_jump}: only one jump host is supported",
-                    "chain the jumps in the jump host's own ProxyJump entry instead",
-                )
-            jump_user, _, jump_address = hops[0].strip().rpartition("@")
-            jump_name, jump_port = split_host_port(jump_address)
-            jump_settings = replace(settings, port=jump_port) if jump_port else settings
-            jump = connect(Host(jump_name, user=jump_user or None), jump_settings, config)
-            jump_transport = jump.client.get_transport()
-            assert jump_transport is not None
-            sock = jump_transport.open_channel(
-                "direct-tcpip",
-                (target.hostname, target.port),
-                ("127.0.0.1", 0),
-                timeout=settings.timeout_s,
-            )
-        elif target.proxy_command:
-            sock = paramiko.ProxyCommand(target.proxy_command)
+        jump, sock = open_proxy(target, where, settings, config)
         client = paramiko.SSHClient()
         for path in target.known_hosts:
             if Path(path).is_file():
@@ -296,46 +276,95 @@ def connect(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> Ss
             channel_timeout=settings.timeout_s,
             sock=sock,
         )
-    except UnknownHostKeyError as exc:
-        raise HostConnectionError(
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        if jump is not None:
+            jump.close()
+        raise connect_error(exc, target, where, settings) from None
+    transport = client.get_transport()
+    assert transport is not None
+    tune_socket(transport)
+    peer, local = address_pair(transport)
+    return SshConnection(
+        host, target, client, jump, peer_address=peer or target.hostname, local_address=local
+    )
+
+
+def open_proxy(
+    target: SshTarget, where: str, settings: SshSettings, config: paramiko.SSHConfig
+) -> tuple[SshConnection | None, Any]:
+    """The jump host's connection and the channel through it (ProxyJump), or a ProxyCommand."""
+    if target.proxy_jump and target.proxy_jump.lower() != "none":
+        hops = target.proxy_jump.split(",")
+        if len(hops) > 1:
+            raise HostConnectionError(
+                f"{where}: ProxyJump {target.proxy_jump}: only one jump host is supported",
+                "chain the jumps in the jump host's own ProxyJump entry instead",
+            )
+        jump_user, _, jump_address = hops[0].strip().rpartition("@")
+        jump_name, jump_port = split_host_port(jump_address)
+        jump_settings = replace(settings, port=jump_port) if jump_port else settings
+        jump = connect(Host(jump_name, user=jump_user or None), jump_settings, config)
+        jump_transport = jump.client.get_transport()
+        assert jump_transport is not None
+        try:
+            channel = jump_transport.open_channel(
+                "direct-tcpip",
+                (target.hostname, target.port),
+                ("127.0.0.1", 0),
+                timeout=settings.timeout_s,
+            )
+        except BaseException:
+            jump.close()
+            raise
+        return jump, channel
+    if target.proxy_command:
+        return None, paramiko.ProxyCommand(target.proxy_command)
+    return None, None
+
+
+def connect_error(
+    exc: BaseException, target: SshTarget, where: str, settings: SshSettings
+) -> HostConnectionError:
+    """What went wrong while connecting, in one line with a way out."""
+    if isinstance(exc, UnknownHostKeyError):
+        return HostConnectionError(
             f"{where}: host key unknown ({exc.hostname} is not in "
             f"{', '.join(target.known_hosts) or 'known_hosts'})",
             f"check it, then 'ssh-keyscan -p {target.port} {target.hostname} "
             ">> ~/.ssh/known_hosts', or pass --accept-new-host-keys to trust and record it",
-        ) from None
-    except paramiko.BadHostKeyException:
-        raise HostConnectionError(
+        )
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostConnectionError(
             f"{where}: host key CHANGED: it does not match known_hosts (a reinstalled host, "
             "or someone in between)",
             f"if the change is expected, 'ssh-keygen -R {target.hostname}' and connect again",
-        ) from None
-    except paramiko.AuthenticationException as exc:
-        raise HostConnectionError(
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        return HostConnectionError(
             f"{where}: authentication failed for user {target.user}: {exc}",
             "check the key (--ssh-identity, IdentityFile in ~/.ssh/config, ssh-agent) "
             "and the host's authorized_keys",
-        ) from None
-    except socket.gaierror:
-        raise HostConnectionError(
+        )
+    if isinstance(exc, socket.gaierror):
+        return HostConnectionError(
             f"{where}: cannot resolve the host name",
             "check the name or its HostName in ~/.ssh/config",
-        ) from None
-    except TimeoutError:
-        raise HostConnectionError(
+        )
+    if isinstance(exc, TimeoutError):
+        return HostConnectionError(
             f"{where}: no answer on port {target.port} within {settings.timeout_s:g}s",
             "check that the host is up and reachable, or raise --ssh-timeout",
-        ) from None
-    except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError):
-        raise HostConnectionError(
+        )
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError | ConnectionRefusedError):
+        return HostConnectionError(
             f"{where}: connection refused on port {target.port}",
             "check that sshd runs there and the port (--ssh-port, Port in ~/.ssh/config)",
-        ) from None
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        if jump is not None:
-            jump.close()
-        raise HostConnectionError(f"{where}: SSH failed: {exc or type(exc).__name__}") from None
-    transport = client.get_transport()
-    assert transport is not None
+        )
+    return HostConnectionError(f"{where}: SSH failed: {exc or type(exc).__name__}")
+
+
+def tune_socket(transport: paramiko.Transport) -> None:
+    """Keepalives, no Nagle, and a bounded wait for a host that stops answering."""
     transport.set_keepalive(KEEPALIVE_S)
     if isinstance(transport.sock, socket.socket):
         # Small control messages (signals) must not wait for Nagle and delayed ACKs (40 ms),
@@ -346,10 +375,6 @@ def connect(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> Ss
             transport.sock.setsockopt(
                 socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS
             )
-    peer, local = address_pair(transport)
-    return SshConnection(
-        host, target, client, jump, peer_address=peer or target.hostname, local_address=local
-    )
 
 
 def address_pair(transport: paramiko.Transport) -> tuple[str, str]:
@@ -440,7 +465,7 @@ def report_from(data: Mapping[str, Any]) -> HostReport:
 
 
 class HostAgent:
-    """The launcher's end of one host's agent (``launcher/agent.py``): one channel, every rank.
+    """The launcher's end of one host's agent (``remote/agent.py``): one channel, every rank.
 
     Like mpirun's one daemon per host: the login shell and Python start once
     per host, not once per rank, and the probe shares the same channel.
@@ -468,7 +493,7 @@ class HostAgent:
         config = {
             "probe": dict(probe_args),
             "probe_source": PROBE_SOURCE,
-            "watchdog": WATCHDOG_SOURCE.decode(),
+            "watchdog": WATCHDOG_SOURCE,
             "bootstrap": watchdog.BOOTSTRAP,
         }
         channel = None

@@ -1,0 +1,108 @@
+"""Jobs in the background (job layer): ``--detach`` starts a launcher of its own, ``dtrain stop``
+ends one.
+
+The background launcher is ``python -m launcher _resume CONFIG_JSON`` in a
+session of its own; it records its pid in the job directory, where
+``dtrain stop`` finds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from launcher.config import DEFAULT_GRACE_S, JobConfig, config_to_json
+from launcher.errors import UsageError
+from launcher.jobs import STOP_MARK, JobDir, find_job, new_job_id, pid_alive, write_json
+
+DETACH_WAIT_S = 60.0  # how long --detach waits for the job to start (or fail) before returning
+STOP_EXTRA_S = 15.0  # beyond the grace period, how long dtrain stop waits for the launcher
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Detached:
+    """What ``--detach`` did: the job id, or the background launcher's error and exit code."""
+
+    job_id: str
+    exit_code: int = 0
+    error: str | None = None
+
+
+def start_detached(config: JobConfig, root: Path, environ: Mapping[str, str]) -> Detached:
+    """Start the launcher in its own session; return once the job runs (or failed to start)."""
+    job_id = new_job_id()
+    job = JobDir.create(root, job_id, {"id": job_id, "command": list(config.command)})
+    view = replace(config.view, quiet=True, color=False)
+    child = replace(config, detach=False, job_id=job_id, view=view)
+    with open(job.path / "launcher.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "launcher", "_resume", json.dumps(config_to_json(child))],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env=dict(environ),
+        )
+    write_json(  # until the launcher writes its own: not "lost" while it starts
+        job.path / "status.json",
+        {
+            "id": job_id,
+            "state": "starting",
+            "launcher_pid": process.pid,
+            "launcher_host": socket.gethostname(),
+            "ranks": {},
+        },
+    )
+    deadline = time.monotonic() + DETACH_WAIT_S
+    while time.monotonic() < deadline:
+        status = job.status()
+        if process.poll() is not None and status.get("state") in ("starting", "running"):
+            # It ended before it could start the job: its error is ours.
+            lines = (job.path / "launcher.log").read_text(errors="replace").splitlines()
+            error = next(
+                (ln for ln in reversed(lines) if ln.startswith("dtrain:")),
+                "dtrain: error: the background launcher failed",
+            )
+            return Detached(job_id, process.returncode or 1, error)
+        if status.get("ranks") or status.get("state") not in ("starting", "running"):
+            break
+        time.sleep(POLL_S)
+    return Detached(job_id)
+
+
+def stop_job(root: Path, wanted: str) -> str:
+    """Stop a running job (its launcher tears it down); returns what happened, in words."""
+    found = find_job(root, wanted)
+    state = found.state()
+    if state != "running":
+        raise UsageError(f"job {found.id} is not running ({state})", "see dtrain jobs")
+    status = found.status()
+    pid = int(status.get("launcher_pid", 0))
+    host = status.get("launcher_host")
+    if host and host != socket.gethostname():
+        raise UsageError(
+            f"job {found.id} runs from {host}, not this machine", f"run dtrain stop on {host}"
+        )
+    (found.path / STOP_MARK).touch()
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return f"dtrain: job {found.id} had already ended"
+    grace = float(found.meta().get("grace_s", DEFAULT_GRACE_S))
+    deadline = time.monotonic() + grace + STOP_EXTRA_S
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    if pid_alive(pid):  # the watchdogs end the ranks once their launcher is gone
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return f"dtrain: stopped job {found.id}"

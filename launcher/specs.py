@@ -1,0 +1,148 @@
+"""From a plan and what the survey found to each rank's ``LaunchSpec`` (pure).
+
+``build_job_specs`` is the one place where a rank's environment is put
+together: torch.distributed variables, the rendezvous port, TF_CONFIG, the
+role variables of parameter-server jobs, the NIC variables for gloo/NCCL and
+the user's ``-x``/``--env-file`` values (applied last).  Everything arrives
+as arguments, so tables of inputs and outputs test it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from launcher.command import LaunchSpec, build_launch_specs
+from launcher.config import JobConfig
+from launcher.env import (
+    PROXY_VARIABLES,
+    EnvOptions,
+    build_env,
+    build_ps_tf_configs,
+    build_tf_configs,
+)
+from launcher.plan import Plan, Rank
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's default, shown by dry runs of remote jobs
+# Across hosts, gloo and NCCL must talk over the NIC that reaches MASTER_ADDR (as horovodrun does).
+NIC_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where the job runs, as the survey found it before anything starts."""
+
+    local: Mapping[str, bool]  # host name -> is this machine
+    ports: Mapping[str, Sequence[int]] = field(default_factory=dict)  # TCP ports free there
+    gpus: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # GPU ids found there
+    addresses: Mapping[str, str] = field(default_factory=dict)  # how the other ranks reach it
+    interfaces: Mapping[str, str] = field(default_factory=dict)  # its NIC towards MASTER_ADDR
+    networks: Mapping[str, str] = field(default_factory=dict)  # that NIC's network (CIDR)
+
+    @property
+    def remote_hosts(self) -> set[str]:
+        return {name for name, is_local in self.local.items() if not is_local}
+
+
+@dataclass(frozen=True)
+class ServerProgram:
+    """``dtrain ps --builtin-servers``: ps and workers run this TensorFlow server's source."""
+
+    source: str
+    local_python: str  # the launcher's interpreter, for ranks on this machine
+
+
+def build_job_specs(
+    plan: Plan,
+    site: Site,
+    config: JobConfig,
+    *,
+    job_id: str,
+    extra: Mapping[str, str],
+    environ: Mapping[str, str],
+    cwd: str,
+    server: ServerProgram | None = None,
+) -> list[LaunchSpec]:
+    """One spec per rank: argv, working directory and the environment dtrain sets.
+
+    ``extra`` holds the resolved ``-x``/``--env-file`` variables, ``environ``
+    the launcher's own environment (variables the user set there win over
+    dtrain's NIC guesses).
+    """
+    ports = PortPool(site.ports)
+    rank0 = plan.ranks[0].host.name
+    master_port = config.placement.master_port or ports.take(rank0, DEFAULT_MASTER_PORT)
+    tf_configs: dict[int, str] = {}
+    if config.env.tf_config or config.tf_ps:
+        tf_ports = {
+            r.rank: ports.take(r.host.name, DEFAULT_MASTER_PORT + 1 + r.local_rank)
+            for r in plan.ranks
+        }
+        build = build_ps_tf_configs if config.tf_ps else build_tf_configs
+        tf_configs = build(plan, tf_ports, site.addresses)
+    extra = {**role_env(config), **extra}
+    if site.remote_hosts and not config.dry_run and "VIRTUAL_ENV" in environ:
+        extra = {"VIRTUAL_ENV": environ["VIRTUAL_ENV"], **extra}
+    env_options = EnvOptions(
+        job_id=job_id,
+        master_addr=config.placement.master_addr or site.addresses.get(rank0, rank0),
+        master_port=master_port,
+        extra=extra,
+        base_env=environ,
+        tf_config=tf_configs,
+        host_env=nic_env(site, environ, extra),
+    )
+    return build_launch_specs(
+        plan,
+        config.command,
+        lambda r: build_env(r, env_options),
+        cwd=cwd,
+        env_unset=PROXY_VARIABLES if config.tf_ps else (),
+        argv_for=server_argv(config.command, site, server) if server else None,
+    )
+
+
+class PortPool:
+    """The free ports the survey found on each host, handed out once each."""
+
+    def __init__(self, ports: Mapping[str, Sequence[int]]) -> None:
+        self.free: dict[str, Iterator[int]] = {name: iter(p) for name, p in ports.items()}
+
+    def take(self, host: str, fallback: int) -> int:
+        """A free port of ``host``; ``fallback`` where none was found (dry runs, no probe)."""
+        return next(self.free.get(host, iter(())), fallback)
+
+
+def role_env(config: JobConfig) -> dict[str, str]:
+    """Variables of parameter-server jobs: the ps count; gRPC fails fast in TF's way."""
+    if config.ps is None:
+        return {}
+    env = {"DTRAIN_NUM_PS": str(config.ps.ps_tasks)}
+    if config.ps.tf:
+        env["GRPC_FAIL_FAST"] = "use_caller"
+    return env
+
+
+def nic_env(
+    site: Site, environ: Mapping[str, str], extra: Mapping[str, str]
+) -> dict[str, dict[str, str]]:
+    """Per host, GLOO/NCCL_SOCKET_IFNAME: the NIC towards MASTER_ADDR, unless the user set them."""
+    return {
+        name: {var: interface for var in NIC_VARIABLES if var not in environ and var not in extra}
+        for name, interface in site.interfaces.items()
+    }
+
+
+def server_argv(
+    command: Sequence[str], site: Site, server: ServerProgram
+) -> Callable[[Rank], Sequence[str]]:
+    """ps and workers run the built-in server (local: our Python; remote: python3), the chief
+    runs the command."""
+
+    def argv(rank: Rank) -> Sequence[str]:
+        if rank.role in ("ps", "worker"):
+            python = server.local_python if site.local.get(rank.host.name, True) else "python3"
+            return (python, "-c", server.source)
+        return command
+
+    return argv

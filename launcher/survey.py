@@ -1,0 +1,304 @@
+"""Where a job runs, found before anything starts (effects): hosts read, reached and probed.
+
+``survey_hosts`` decides which hosts are this machine (by address), connects
+to the others over SSH in parallel, starts each host's agent (which probes
+the working directory, the program, free ports, GPUs and the NIC towards the
+rendezvous) and returns the facts as a pure ``Site`` beside the open agents.
+``check_hosts`` is ``dtrain check``: the same probe, reported per host.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from launcher.config import JobConfig, SshConfig, check_host_sources
+from launcher.errors import HostConnectionError, LauncherError, UsageError
+from launcher.hosts import Host, parse_host_list, parse_hostfile
+from launcher.plan import Plan
+from launcher.specs import Site
+from launcher.transport.local import detect_local_gpus, find_free_ports, is_local_address
+
+T = TypeVar("T")
+GPU_BUSY_UTILIZATION = 5  # percent
+GPU_BUSY_MEMORY_MIB = 500
+
+
+def read_text(path: str, what: str) -> str:
+    """A user-named file's text; a missing or unreadable file is a usage error."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path}: no such file", "check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{what} {path}: cannot read it: {exc}", "check the file") from None
+
+
+def read_hosts(
+    host_lists: Sequence[str], hostfile: str | None, default_slots: int | None
+) -> list[Host]:
+    """Hosts from -H and --hostfile; localhost with ``default_slots`` when neither is given."""
+    check_host_sources(tuple(host_lists), hostfile)
+    if hostfile:
+        return parse_hostfile(read_text(hostfile, "--hostfile"), source=hostfile)
+    if host_lists:
+        if len(host_lists) > 1:  # repeated -H: one merged list, checked for duplicates
+            return parse_host_list(",".join(host_lists), source="-H")
+        return parse_host_list(host_lists[0], source="-H")
+    return [Host("localhost", slots=default_slots or 1)]
+
+
+@dataclass
+class Survey:
+    """The facts (``site``) and what the survey opened: SSH connections and host agents."""
+
+    site: Site
+    connections: dict[str, Any] = field(default_factory=dict)  # SshConnection per remote host
+    agents: dict[str, Any] = field(default_factory=dict)  # HostAgent per remote host
+
+    def hand_over(self) -> dict[str, Any]:
+        """The agents, for a transport that owns them from now on (closing them ends the ranks)."""
+        agents, self.agents, self.connections = self.agents, {}, {}
+        return agents
+
+    def close(self) -> None:
+        """Drop what is still ours (agents first: closing them ends nothing yet started)."""
+        for host_agent in self.agents.values():
+            host_agent.close()
+        for connection in self.connections.values():
+            connection.close()
+        self.agents, self.connections = {}, {}
+
+
+def ssh_settings(ssh: SshConfig) -> Any:
+    from launcher.transport.ssh import SshSettings
+
+    return SshSettings(
+        config_file=ssh.config_file,
+        port=ssh.port,
+        identity=ssh.identity,
+        timeout_s=ssh.timeout_s,
+        accept_new_host_keys=ssh.accept_new_host_keys,
+    )
+
+
+def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], workdir: str) -> Survey:
+    """Decide local or remote by address; connect to and probe remote hosts (not in dry runs).
+
+    Outside dry runs the program and working directory are checked on every host.
+    """
+    local = {h.name: is_local_address(h.name) for h in plan.hosts}
+    remote_hosts = [h for h in plan.hosts if not local[h.name]]
+    settings: Any = None
+    ssh_config: Any = None
+    if remote_hosts:
+        from launcher.transport.ssh import load_ssh_config, resolve_target
+
+        settings = ssh_settings(config.ssh)
+        ssh_config = load_ssh_config(settings)
+        for host in remote_hosts:  # an ssh alias of this machine is local too
+            local[host.name] = is_local_address(resolve_target(host, settings, ssh_config).hostname)
+        remote_hosts = [h for h in remote_hosts if not local[h.name]]
+    ranks_on = {h.name: sum(1 for r in plan.ranks if r.host.name == h.name) for h in plan.hosts}
+    facts = SiteFacts(local)
+    local_names = [name for name, is_local in local.items() if is_local]
+    if local_names:
+        gpus = detect_local_gpus(environ) if config.placement.gpu_binding else ()
+        ports = find_free_ports(1 + sum(ranks_on[n] for n in local_names))
+        for name in local_names:
+            facts.gpus[name] = gpus
+            facts.ports[name] = ports  # one pool: the local names are one machine
+            facts.addresses[name] = "127.0.0.1" if not remote_hosts else name
+    survey = Survey(facts.freeze())
+    if remote_hosts and config.dry_run:
+        facts.addresses.update({h.name: h.name for h in remote_hosts})
+        survey.site = facts.freeze()
+    elif remote_hosts:
+        from launcher.transport.ssh import connect_all
+
+        survey.connections = connect_all(remote_hosts, settings, ssh_config)
+        try:
+            probe_remote_hosts(survey, facts, plan, config, environ, workdir, ranks_on)
+        except BaseException:
+            survey.close()
+            raise
+        survey.site = facts.freeze()
+    if not config.dry_run:
+        check_local_program(plan, survey.site, config.command, workdir, environ)
+    return survey
+
+
+@dataclass
+class SiteFacts:
+    """A ``Site`` while the survey fills it in."""
+
+    local: dict[str, bool]
+    ports: dict[str, list[int]] = field(default_factory=dict)
+    gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)
+    interfaces: dict[str, str] = field(default_factory=dict)
+    networks: dict[str, str] = field(default_factory=dict)
+
+    def freeze(self) -> Site:
+        return Site(**{k: dict(v) for k, v in asdict(self).items()})
+
+
+def probe_remote_hosts(
+    survey: Survey,
+    facts: SiteFacts,
+    plan: Plan,
+    config: JobConfig,
+    environ: Mapping[str, str],
+    workdir: str,
+    ranks_on: Mapping[str, int],
+) -> None:
+    """Start every remote host's agent and check its probe (directory, program, ports, GPUs,
+    NIC), in parallel."""
+    from launcher.remote.probe import interface_towards
+    from launcher.transport.ssh import HostAgent
+
+    for name, connection in survey.connections.items():
+        facts.addresses[name] = connection.peer_address
+    our_address = next(iter(survey.connections.values())).local_address
+    for name, is_local in facts.local.items():
+        if is_local:
+            facts.addresses[name] = our_address or name
+    master = config.placement.master_addr or facts.addresses[plan.ranks[0].host.name]
+
+    def open_agent(name: str) -> Any:
+        args = {
+            "ports": 1 + ranks_on[name],
+            "program": config.command[0],
+            "cwd": workdir,
+            "path_prefix": environ.get("PATH"),
+            "route_to": master,
+        }
+        return HostAgent.open(survey.connections[name], sys.executable, args, config.ssh.timeout_s)
+
+    settings = ssh_settings(config.ssh)
+    opened = run_parallel_all(list(survey.connections), open_agent, settings.fanout)
+    survey.agents = {
+        n: pair[0] for n, pair in opened.items() if not isinstance(pair, BaseException)
+    }
+    errors = [pair for pair in opened.values() if isinstance(pair, BaseException)]
+    if errors:
+        raise errors[0]
+    for name, (_, report) in opened.items():  # type: ignore[misc]  # no errors left
+        if not report.cwd_ok:
+            raise HostConnectionError(
+                f"{name}: working directory {workdir} does not exist there",
+                "create it (same path on every host), or pass --workdir",
+            )
+        if report.program is None:
+            raise HostConnectionError(
+                f"{name}: program {config.command[0]!r} not found there (PATH, {workdir})",
+                "install it there, or give a path that exists on every host",
+            )
+        facts.ports[name] = list(report.ports)
+        facts.gpus[name] = tuple(g["index"] for g in report.gpus)
+        if report.route:
+            facts.interfaces[name] = report.route["interface"]
+            facts.networks[name] = report.route.get("network", "")
+    local_route = interface_towards(master)
+    for name, is_local in facts.local.items():
+        if is_local and local_route:
+            facts.interfaces[name] = local_route["interface"]
+
+
+def check_local_program(
+    plan: Plan, site: Site, command: Sequence[str], workdir: str, environ: Mapping[str, str]
+) -> None:
+    """Refuse, before anything starts, a missing program or directory on this machine."""
+    if not any(site.local.get(h.name) for h in plan.hosts):
+        return
+    if not Path(workdir).is_dir():
+        raise UsageError(f"--workdir {workdir}: no such directory", "check the path")
+    program = command[0]
+    if "/" in program:
+        if not Path(workdir, program).exists():
+            raise UsageError(f"program {program} not found on localhost", "check the path")
+    elif shutil.which(program, path=environ.get("PATH")) is None:
+        raise UsageError(
+            f"program {program!r} not found on PATH on localhost",
+            "check the spelling, install it, or give its full path",
+        )
+
+
+def run_parallel_all(
+    keys: Sequence[str], call: Callable[[str], T], fanout: int
+) -> dict[str, T | BaseException]:
+    """``call(key)`` for every key on a thread pool; each result, or the error it raised."""
+    with ThreadPoolExecutor(max_workers=max(1, min(fanout, len(keys)))) as pool:
+        futures = {key: pool.submit(call, key) for key in keys}
+    results: dict[str, T | BaseException] = {}
+    for key, future in futures.items():
+        error = future.exception()
+        results[key] = error if error is not None else future.result()
+    return results
+
+
+def check_hosts(
+    hosts: Sequence[Host], ssh: SshConfig, environ: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """``dtrain check``: one report row per host; a host that fails gets ``ok: False``."""
+    from launcher.remote import probe
+
+    def check_one(host: Host) -> dict[str, Any]:
+        try:
+            if is_local_address(host.name):
+                report = probe.probe({"ports": 1, "versions": True})
+                return summarize_host(host.name, report, None, 0.0)
+            from launcher.transport.ssh import connect, load_ssh_config, probe_host
+
+            settings = ssh_settings(ssh)
+            connection = connect(host, settings, load_ssh_config(settings))
+            try:
+                rtt_s = connection.round_trip_s()
+                offset_s = connection.clock_offset_s(settings.timeout_s)
+                found = probe_host(
+                    connection, sys.executable, {"ports": 1, "versions": True}, settings.timeout_s
+                )
+                return summarize_host(host.name, asdict(found), rtt_s, offset_s)
+            finally:
+                connection.close()
+        except LauncherError as exc:
+            return {"host": host.name, "ok": False, "error": str(exc)}
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
+        return list(pool.map(check_one, hosts))
+
+
+def summarize_host(
+    name: str, report: Mapping[str, Any], rtt_s: float | None, offset_s: float
+) -> dict[str, Any]:
+    gpus = report["gpus"]
+    busy = [
+        g
+        for g in gpus
+        if float(g.get("utilization") or 0) >= GPU_BUSY_UTILIZATION
+        or float(g.get("memory_mib") or 0) >= GPU_BUSY_MEMORY_MIB
+    ]
+    return {
+        "host": name,
+        "ok": True,
+        "error": None,
+        "hostname": report["hostname"],
+        "rtt_ms": None if rtt_s is None else round(rtt_s * 1000, 2),
+        "python": report["python"],
+        "python_version": report["python_version"],
+        "versions": report.get("versions", {}),
+        "gpus": len(gpus),
+        "gpus_busy": len(busy),
+        "free_port": report["ports"][0],
+        "clock_offset_ms": round(offset_s * 1000, 1),
+    }
+
+
+def local_workdir(config: JobConfig) -> str:
+    return config.env.workdir or os.getcwd()

@@ -1,0 +1,131 @@
+"""Fakes for the loop and the job layer: a scripted transport, a recording sink, a clock
+whose time jumps (DESIGN.md rule 9: injected, not patched)."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import threading
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+from launcher.command import LaunchSpec
+from launcher.outcome import OutputSink, RankState, Stream
+from launcher.plan import Plan
+
+T = TypeVar("T")
+Script = tuple[dict[Stream, list[bytes]], int | None, bool]  # output, exit status, ignores TERM
+
+
+class FakeClock:
+    """Virtual time for the supervisor.
+
+    A wait with a deadline first gives the ranks' reader and waiter threads
+    ``SETTLE_S`` of real time to post what they have; when nothing comes,
+    time jumps to the deadline at once.  A grace period of a minute takes
+    ``SETTLE_S``, and the times at which things happened are exact.
+    """
+
+    SETTLE_S = 0.3
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.time = start
+
+    def now(self) -> float:
+        return self.time
+
+    def wall(self) -> float:
+        return 1_700_000_000.0 + self.time
+
+    def take(self, inbox: queue.SimpleQueue[T], timeout: float | None) -> T | None:
+        try:
+            return inbox.get(timeout=None if timeout is None else self.SETTLE_S)
+        except queue.Empty:
+            assert timeout is not None
+            self.time += max(0.0, timeout)
+            return None
+
+
+class FakeProcess:
+    """Writes its script, then exits with ``status`` (or runs until signalled)."""
+
+    def __init__(
+        self, spec: LaunchSpec, script: Script, clock: FakeClock | None = None
+    ) -> None:
+        output, status, ignores_term = script
+        self.spec = spec
+        self.pid = 1000 + spec.rank
+        self.script = {stream: list(chunks) for stream, chunks in output.items()}
+        self.status = status
+        self.ignores_term = ignores_term
+        self.clock = clock
+        self.signals: list[int] = []
+        self.signal_times: list[float] = []
+        self.exited = threading.Event()
+        if status is not None:
+            self.exited.set()
+
+    def read(self, stream: Stream, size: int) -> bytes:
+        chunks = self.script.get(stream, [])
+        if chunks:
+            return chunks.pop(0)
+        self.exited.wait()
+        return b""
+
+    def wait(self) -> int:
+        self.exited.wait()
+        assert self.status is not None
+        return self.status
+
+    def signal(self, signum: int) -> None:
+        self.signals.append(signum)
+        if self.clock is not None:
+            self.signal_times.append(self.clock.now())
+        if signum == signal.SIGKILL or not self.ignores_term:
+            self.status = -signum
+            self.exited.set()
+
+
+class FakeTransport:
+    def __init__(self, scripts: dict[int, Script], clock: FakeClock | None = None) -> None:
+        self.scripts = scripts
+        self.clock = clock
+        self.started: dict[int, FakeProcess] = {}
+        self.closed = False
+
+    def start(self, spec: LaunchSpec) -> FakeProcess:
+        process = FakeProcess(spec, self.scripts[spec.rank], self.clock)
+        self.started[spec.rank] = process
+        return process
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, Stream, bytes]] = []
+        self.states: list[RankState] = []
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        self.lines.extend((spec.rank, stream, line) for line in lines)
+
+    def update(self, state: RankState) -> None:
+        self.states.append(state)
+
+
+class RecordingFrontend:
+    """The job's terminal, recorded: the sink it handed out and the notices it got."""
+
+    def __init__(self) -> None:
+        self.sink = RecordingSink()
+        self.notices: list[str] = []
+        self.views: list[tuple[str, int]] = []
+
+    def open_view(self, job_id: str, plan: Plan) -> tuple[OutputSink, AbstractContextManager[Any]]:
+        self.views.append((job_id, plan.world_size))
+        return self.sink, contextlib.nullcontext()
+
+    def notice(self, text: str) -> None:
+        self.notices.append(text)

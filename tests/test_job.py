@@ -1,0 +1,153 @@
+"""The whole job path (config -> plan -> survey -> specs -> supervisor -> job directory) on a
+fake transport: no process, no socket."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from launcher.config import JobConfig, PlacementConfig, ViewConfig
+from launcher.console import format_failure
+from launcher.errors import UsageError
+from launcher.job import DryRun, Finished, run_job
+from launcher.jobs import JobDir
+from launcher.plan import Plan
+from launcher.specs import Site
+from launcher.survey import Survey
+from tests.fakes import FakeClock, FakeTransport, RecordingFrontend, Script
+
+PORTS = [29400, 29401, 29402, 29403]
+
+
+def local_survey(plan: Plan, config: JobConfig, environ: Mapping[str, str], workdir: str) -> Survey:
+    """Every host is this machine, with known free ports and no GPU."""
+    return Survey(
+        Site(
+            local={h.name: True for h in plan.hosts},
+            ports={h.name: PORTS for h in plan.hosts},
+            addresses={h.name: "127.0.0.1" for h in plan.hosts},
+        )
+    )
+
+
+def run_fake(
+    config: JobConfig, scripts: dict[int, Script]
+) -> tuple[Finished | DryRun, FakeTransport, RecordingFrontend]:
+    clock = FakeClock()
+    transport = FakeTransport(scripts, clock)
+    frontend = RecordingFrontend()
+    outcome = run_job(
+        config,
+        {"PATH": "/usr/bin"},
+        frontend,
+        survey=local_survey,
+        transports=lambda survey, config, environ: transport,
+        clock=clock,
+    )
+    return outcome, transport, frontend
+
+
+def test_a_failing_rank_fails_the_job_with_its_summary_and_record(tmp_path: Path) -> None:
+    config = JobConfig(
+        command=("train",),
+        placement=PlacementConfig(np=3),
+        job_dir=str(tmp_path),
+        job_id="20261123-000000-aaaaaa",
+        grace_s=10,
+    )
+    outcome, transport, frontend = run_fake(
+        config,
+        {
+            0: ({"stdout": [b"step 1\n"]}, None, False),
+            1: ({"stderr": [b"Traceback\nValueError: boom\n"]}, 3, False),
+            2: ({}, None, True),  # ignores SIGTERM: killed after the grace period
+        },
+    )
+    assert isinstance(outcome, Finished)
+    result = outcome.result
+    assert result.exit_code == 3
+    assert format_failure(result) == [
+        "dtrain: rank 1 on localhost failed (exit code 3); stopped the other 2 ranks; "
+        "dtrain exits 3",
+        "dtrain: last stderr lines of rank 1:",
+        "    Traceback",
+        "    ValueError: boom",
+    ]
+    assert transport.started[0].signals == [signal.SIGTERM]
+    assert transport.started[2].signals == [signal.SIGTERM, signal.SIGKILL]
+    term_at, kill_at = transport.started[2].signal_times
+    assert kill_at - term_at == 10
+    # What each rank was given: the plan, the rendezvous on the first free port.
+    envs = [transport.started[r].spec.env for r in range(3)]
+    assert [(e["RANK"], e["WORLD_SIZE"], e["MASTER_PORT"]) for e in envs] == [
+        (str(r), "3", "29400") for r in range(3)
+    ]
+    assert {e["DTRAIN_JOB_ID"] for e in envs} == {"20261123-000000-aaaaaa"}
+    # The view saw every line; the job directory recorded the plan, the lines and the end.
+    assert (1, "stderr", b"ValueError: boom") in frontend.sink.lines
+    assert frontend.views == [("20261123-000000-aaaaaa", 3)]
+    job = JobDir(tmp_path / "20261123-000000-aaaaaa")
+    status = job.status()
+    assert (status["state"], status["exit_code"]) == ("failed", 3)
+    assert [r["status"] for r in status["ranks"].values()] == [-15, 3, -9]
+    assert [e["rank"] for e in job.plan()] == [0, 1, 2]
+    assert job.log_path(1).read_bytes().endswith(b" e ValueError: boom\n")
+    assert transport.closed
+
+
+def test_success_records_every_line_in_order(tmp_path: Path) -> None:
+    config = JobConfig(command=("train",), placement=PlacementConfig(np=2), job_dir=str(tmp_path))
+    outcome, _, frontend = run_fake(
+        config,
+        {
+            0: ({"stdout": [b"a\nb", b"c\n"]}, 0, False),
+            1: ({"stdout": [b"d\n"], "stderr": [b"w\n"]}, 0, False),
+        },
+    )
+    assert isinstance(outcome, Finished) and outcome.result.exit_code == 0
+    assert format_failure(outcome.result) == []
+    assert sorted(frontend.sink.lines) == [
+        (0, "stdout", b"a"),
+        (0, "stdout", b"bc"),
+        (1, "stderr", b"w"),
+        (1, "stdout", b"d"),
+    ]
+    (job_path,) = tmp_path.iterdir()
+    assert json.loads((job_path / "status.json").read_text())["state"] == "succeeded"
+
+
+def test_dry_run_starts_nothing_and_describes_every_rank(tmp_path: Path) -> None:
+    config = JobConfig(
+        command=("train",),
+        placement=PlacementConfig(host_lists=("a:2,b:2",), np=4, map_by="node"),
+        dry_run=True,
+        job_dir=str(tmp_path),
+    )
+    outcome, transport, frontend = run_fake(config, {})
+    assert isinstance(outcome, DryRun) and outcome.mpirun is None
+    assert [(e["rank"], e["host"]) for e in outcome.entries] == [
+        (0, "a"),
+        (1, "b"),
+        (2, "a"),
+        (3, "b"),
+    ]
+    assert transport.started == {} and frontend.views == [] and list(tmp_path.iterdir()) == []
+
+
+def test_bad_config_fails_before_anything_runs(tmp_path: Path) -> None:
+    config = JobConfig(command=("train",), view=ViewConfig(ranks="one"), job_dir=str(tmp_path))
+    with pytest.raises(UsageError, match="--ranks 'one'"):
+        run_fake(config, {})
+    with pytest.raises(UsageError, match="-np 5 is more than the 2 slots"):
+        run_fake(
+            replace(
+                config, view=ViewConfig(), placement=PlacementConfig(host_lists=("a:2",), np=5)
+            ),
+            {},
+        )
+    assert list(tmp_path.iterdir()) == []
