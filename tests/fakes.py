@@ -50,9 +50,7 @@ class FakeClock:
 class FakeProcess:
     """Writes its script, then exits with ``status`` (or runs until signalled)."""
 
-    def __init__(
-        self, spec: LaunchSpec, script: Script, clock: FakeClock | None = None
-    ) -> None:
+    def __init__(self, spec: LaunchSpec, script: Script, clock: FakeClock | None = None) -> None:
         output, status, ignores_term = script
         self.spec = spec
         self.pid = 1000 + spec.rank

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -401,3 +402,15 @@ def test_marked_pids_sees_a_live_job(mark: str) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert marked_pids(mark) == [] or wait_until_gone(mark) == []
+
+
+def test_a_watchdog_killed_alone_fails_its_rank_and_leaves_nothing(mark: str) -> None:
+    proc = start_dtrain(
+        "run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", "sleep 300 & wait"
+    )
+    pids = wait_for_pids(mark, 2 * 3)  # per rank: watchdog, sh, sleep
+    watchdog = next(p for p in pids if b"watchdog.py" in Path(f"/proc/{p}/cmdline").read_bytes())
+    os.kill(watchdog, signal.SIGKILL)  # as the OOM killer would
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    assert re.search(r"rank \d on localhost failed \(killed by SIGKILL\)", err), err

@@ -459,3 +459,36 @@ def test_proxy_jump_from_the_ssh_config(ssh_hosts: TestHosts, mark: str, tmp_pat
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[0] node2"]
+
+
+def watchdog_of(pid: int) -> int:
+    """The nearest watchdog above ``pid`` (agents and watchdogs run dtrain's bootstrap)."""
+    for _ in range(3):
+        pid = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        if b"dtrain-remote" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no watchdog above {pid}")
+
+
+def test_a_watchdog_killed_alone_fails_its_rank_and_leaves_nothing(
+    ssh_hosts: TestHosts, mark: str
+) -> None:
+    proc = start_dtrain(
+        "run",
+        *ssh(ssh_hosts),
+        "-H",
+        "node1,node2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "sleep 300 & wait",
+    )
+    wait_for_pids(mark, 4)
+    on_node2 = set(processes_in("node2"))
+    sleeper = next(p for p in marked_pids(mark) if p in on_node2)
+    os.kill(watchdog_of(sleeper), signal.SIGKILL)  # as the OOM killer would
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    assert "rank 1 on node2 failed (killed by SIGKILL)" in err
+    assert_nothing_left(ssh_hosts, mark)

@@ -6,7 +6,7 @@ import signal
 
 from launcher.command import LaunchSpec
 from launcher.hosts import Host
-from launcher.outcome import JobResult, RankReport, RankState
+from launcher.outcome import JobResult, RankReport
 from launcher.supervisor import Signalled, Supervisor
 from tests.fakes import FakeClock, FakeTransport, RecordingSink, Script
 

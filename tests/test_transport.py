@@ -1,53 +1,80 @@
-"""The status trailer is found whatever the chunking, and program output passes intact."""
+"""The local transport on real processes: the status comes out of band and cannot be forged."""
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
+import os
+import signal
+import sys
+import time
 
-from launcher.transport.base import StatusFilter
-from launcher.remote.watchdog import STATUS_MARK
+import pytest
 
+from launcher.command import LaunchSpec
+from launcher.hosts import Host
+from launcher.transport.local import LocalTransport
 
-def filtered(stream: bytes, cuts: list[int]) -> tuple[bytes, int | None]:
-    chunks, pos = [], 0
-    for size in cuts:
-        chunks.append(stream[pos : pos + size])
-        pos += size
-    chunks.append(stream[pos:])
-    pending = [c for c in chunks if c]
-
-    def read(size: int) -> bytes:
-        return pending.pop(0) if pending else b""
-
-    status_filter = StatusFilter(read)
-    out = b""
-    while True:
-        data = status_filter.read(65536)
-        if not data:
-            return out, status_filter.status
-        out += data
-
-
-@given(
-    st.binary(max_size=200),
-    st.binary(max_size=50),
-    st.integers(min_value=-64, max_value=255),
-    st.lists(st.integers(min_value=1, max_value=20), max_size=20),
-)
-def test_trailer_is_cut_out_and_parsed(
-    before: bytes, after: bytes, status: int, cuts: list[int]
-) -> None:
-    stream = before + STATUS_MARK + str(status).encode() + b"\n" + after
-    assert filtered(stream, cuts) == (before + after, status)
+FORGER = r"""
+import os, sys
+# What the watchdog once wrote in-band on stderr, then every fd a status pipe could be.
+os.write(2, b"\0DTRAIN_STATUS:0\n")
+sys.stdout.write("a\0b\n")
+sys.stdout.flush()
+for fd in range(3, 64):
+    try:
+        os.write(fd, b"0\n")
+    except OSError:
+        pass
+sys.exit(int(sys.argv[1]))
+"""
 
 
-@given(st.binary(max_size=300), st.lists(st.integers(min_value=1, max_value=20), max_size=20))
-def test_output_without_trailer_passes_intact(data: bytes, cuts: list[int]) -> None:
-    out, status = filtered(data, cuts)
-    assert out == data and (status is None or STATUS_MARK in data)
+def run_rank(argv: tuple[str, ...]) -> tuple[int, bytes, bytes]:
+    transport = LocalTransport(dict(os.environ), grace_s=1.0)
+    process = transport.start(LaunchSpec(0, Host("localhost"), 0, argv=argv, env={}))
+    out, err = b"", b""
+    while chunk := process.read("stdout", 65536):
+        out += chunk
+    while chunk := process.read("stderr", 65536):
+        err += chunk
+    return process.wait(), out, err
 
 
-def test_nul_bytes_in_output_do_not_hide_the_trailer() -> None:
-    stream = b"a\0b\0" + STATUS_MARK + b"-9\n"
-    assert filtered(stream, [3]) == (b"a\0b\0", -9)
+@pytest.mark.parametrize("code", [0, 3, 255])
+def test_a_program_cannot_forge_its_status(code: int) -> None:
+    status, out, err = run_rank((sys.executable, "-c", FORGER, str(code)))
+    assert status == code
+    assert out == b"a\0b\n"  # output passes intact, NUL bytes included
+    assert err == b"\0DTRAIN_STATUS:0\n"
+
+
+def test_death_by_signal_is_reported_as_minus_the_signal() -> None:
+    status, _, _ = run_rank(("sh", "-c", "kill -SEGV $$"))
+    assert status == -signal.SIGSEGV
+
+
+def group_members(pgid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != b"Z":
+                found.append(int(entry))
+    return found
+
+
+def test_a_killed_watchdog_takes_its_rank_along() -> None:
+    transport = LocalTransport(dict(os.environ), grace_s=1.0)
+    process = transport.start(LaunchSpec(0, Host("localhost"), 0, argv=("sleep", "30"), env={}))
+    deadline = time.monotonic() + 10
+    while len(group_members(process.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)  # the watchdog and sleep
+    os.kill(process.pid, signal.SIGKILL)  # the watchdog alone, as the OOM killer would
+    assert process.wait() == -signal.SIGKILL
+    deadline = time.monotonic() + 5
+    while group_members(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert group_members(process.pid) == []

@@ -26,7 +26,7 @@ from typing import Any
 
 HEADER = struct.Struct("!IBI")
 # agent -> launcher
-STDOUT, STDERR, EXITED, PROBED, STARTED, FAILED, STDOUT_END, STDERR_END = range(8)
+STDOUT, STDERR, EXITED, PROBED, STARTED, FAILED, STDOUT_END, STDERR_END, STATUS = range(9)
 # launcher -> agent
 START, SIGNAL, HEARTBEAT = 100, 101, 102
 NO_RUN = 0xFFFFFFFF
@@ -43,6 +43,7 @@ class Agent:
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, subprocess.Popen] = {}  # type: ignore[type-arg]
         self.open_pipes: dict[int, int] = {}
+        self.reported: set[int] = set()  # runs whose watchdog reported the program's status
         self.inbox = b""
         self.lifeline_open = True
         self.heard = time.monotonic()
@@ -54,23 +55,33 @@ class Agent:
             data = data[written:]
 
     def start(self, rank: int, spec: dict) -> None:  # type: ignore[type-arg]
-        child = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", self.config["bootstrap"]],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        status_read, status_write = os.pipe()  # the watchdog's report, out of the program's reach
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", self.config["bootstrap"]],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(status_write,),
+            )
+        except OSError:
+            os.close(status_read)
+            raise
+        finally:
+            os.close(status_write)
         assert child.stdin is not None and child.stdout is not None and child.stderr is not None
         source = self.config["watchdog"].encode()
-        body = json.dumps(spec).encode()
+        body = json.dumps({**spec, "status_fd": status_write}).encode()
         child.stdin.write(b"%010d" % len(source) + source + b"%010d" % len(body) + body)
         child.stdin.flush()
         self.children[rank] = child
-        self.open_pipes[rank] = 2
+        self.open_pipes[rank] = 3
+        status = os.fdopen(status_read, "rb", buffering=0)
         for pipe, kinds in (
             (child.stdout, (STDOUT, STDOUT_END)),
             (child.stderr, (STDERR, STDERR_END)),
+            (status, (STATUS, None)),
         ):
             os.set_blocking(pipe.fileno(), False)
             self.selector.register(pipe, selectors.EVENT_READ, (rank, kinds))
@@ -110,16 +121,29 @@ class Agent:
                 except OSError:
                     pass
 
-    def pipe_ready(self, pipe: Any, rank: int, kinds: tuple[int, int]) -> None:
+    def pipe_ready(self, pipe: Any, rank: int, kinds: tuple[int, int | None]) -> None:
         try:
             data = os.read(pipe.fileno(), 65536)
         except BlockingIOError:
             return
         if data:
             self.send(rank, kinds[0], data)
+            if kinds[1] is None:
+                self.reported.add(rank)
             return
         self.selector.unregister(pipe)
-        self.send(rank, kinds[1], b"")
+        if kinds[1] is not None:
+            self.send(rank, kinds[1], b"")
+        else:
+            pipe.close()
+            if rank not in self.reported:
+                # The watchdog died without reporting (OOM killer, kill -9): end its group,
+                # whose processes still hold the output pipes, so the rank's end is seen.
+                self.children[rank].wait()
+                try:
+                    os.killpg(self.children[rank].pid, 9)
+                except OSError:
+                    pass
         self.open_pipes[rank] -= 1
         if self.open_pipes[rank] == 0:
             child = self.children[rank]

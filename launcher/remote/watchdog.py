@@ -1,4 +1,4 @@
-"""The per-rank watchdog: ``python -I -S watchdog.py GRACE_S -- PROGRAM ARGS...``.
+"""The per-rank watchdog: ``python -I -S watchdog.py GRACE_S STATUS_FD -- PROGRAM ARGS...``.
 
 Runs in the rank's own session and process group, starts the program there
 and makes sure nothing of it outlives the launcher (DESIGN.md rule 4).  The
@@ -9,10 +9,12 @@ they ``setsid`` away from the group).
 * stdin is the launcher's lifeline (a pipe, or the SSH channel).  A line
   ``<signal number>`` signals every process of the rank; EOF means the
   launcher is gone: SIGTERM them, wait GRACE_S, SIGKILL them.
-* when the program exits, its status is reported at once on stderr as
-  ``STATUS_MARK<status>\\n`` (a signal as -N), so the launcher knows which
-  rank failed first; then whatever it left behind is terminated, and the
-  watchdog exits (128 + N for a signal).
+* when the program exits, its status is reported at once as ``<status>\\n``
+  (a signal as -N) on STATUS_FD, a pipe of the launcher (or the agent) that
+  the program never sees (close-on-exec), so no output can forge it; the
+  launcher learns which rank failed first without waiting for the cleanup.
+  Then whatever the program left behind is terminated, and the watchdog
+  exits (128 + N for a signal).
 
 Stdlib only and self-contained: over SSH it travels as text on stdin
 (``BOOTSTRAP`` below), followed by the rank's spec as JSON (argv,
@@ -29,7 +31,6 @@ import time
 
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.05
-STATUS_MARK = b"\0DTRAIN_STATUS:"
 LENGTH_DIGITS = 10
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -50,6 +51,7 @@ BOOTSTRAP = (
 
 pending: list[int] = []  # stop signals that arrived before the program started
 child_pid = 0
+status_fd = -1  # where the program's status goes (-1: nowhere)
 
 
 def frame(payload: bytes) -> bytes:
@@ -197,18 +199,24 @@ def status_of(wait_status: int) -> int:
 
 
 def report(status: int) -> None:
-    os.write(2, STATUS_MARK + str(status).encode() + b"\n")
+    """The program's status, out of band; closing the pipe says that no other will come."""
+    if status_fd >= 0:
+        try:
+            os.write(status_fd, str(status).encode() + b"\n")
+            os.close(status_fd)
+        except OSError:
+            pass
 
 
 def main(args: list[str]) -> None:
-    if len(args) < 3 or args[1] != "--":
-        os.write(2, b"usage: watchdog.py GRACE_S -- PROGRAM [ARGS...]\n")
+    if len(args) < 4 or args[2] != "--":
+        os.write(2, b"usage: watchdog.py GRACE_S STATUS_FD -- PROGRAM [ARGS...]\n")
         os._exit(2)
-    watch(args[2:], float(args[0]))
+    watch(args[3:], float(args[0]), int(args[1]))
 
 
 def main_remote() -> None:
-    """Spec from stdin: {"argv", "env", "unset", "cwd", "path_prefix", "grace_s"}."""
+    """Spec from stdin: {"argv", "env", "unset", "cwd", "path_prefix", "grace_s", "status_fd"}."""
     import json
 
     spec = json.loads(read_exact(int(read_exact(LENGTH_DIGITS))))
@@ -217,18 +225,23 @@ def main_remote() -> None:
     os.environ.update(spec.get("env", {}))
     if spec.get("path_prefix"):
         os.environ["PATH"] = spec["path_prefix"] + os.pathsep + os.environ.get("PATH", "")
+    fd = int(spec.get("status_fd", -1))
     if spec.get("cwd"):
         try:
             os.chdir(spec["cwd"])
         except OSError as exc:
             os.write(2, f"dtrain: cannot enter {spec['cwd']}: {exc.strerror}\n".encode())
-            report(2)
+            if fd >= 0:
+                os.write(fd, b"2\n")
             os._exit(2)
-    watch(spec["argv"], float(spec["grace_s"]))
+    watch(spec["argv"], float(spec["grace_s"]), fd)
 
 
-def watch(argv: list[str], grace_s: float) -> None:
-    global child_pid
+def watch(argv: list[str], grace_s: float, fd: int) -> None:
+    global child_pid, status_fd
+    status_fd = fd
+    if status_fd >= 0:
+        os.set_inheritable(status_fd, False)  # the program must not be able to write it
     for signum in STOP_SIGNALS:
         signal.signal(signum, on_stop_signal)
     if os.getsid(0) != os.getpid():

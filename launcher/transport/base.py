@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Protocol
 
 from launcher.command import LaunchSpec
 from launcher.outcome import Stream
-from launcher.remote import watchdog
 
-__all__ = ["Process", "RoutedTransport", "StatusFilter", "Stream", "Transport"]
+__all__ = ["Process", "RoutedTransport", "Stream", "Transport"]
 
 
 class Process(Protocol):
@@ -30,61 +27,6 @@ class Process(Protocol):
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the rank's whole process group (no-op once it exited)."""
         ...
-
-
-class StatusFilter:
-    """Takes the watchdog's status trailer out of a rank's stderr.
-
-    The watchdog writes ``STATUS_MARK<status>\\n`` the moment the program
-    exits, before it ends what the program left behind, so the launcher
-    learns which rank failed first without waiting for the cleanup.
-    """
-
-    def __init__(self, read: Callable[[int], bytes]) -> None:
-        self.raw_read = read
-        self.held = b""
-        self.status: int | None = None
-        self.settled = threading.Event()  # the status arrived, or stderr ended without one
-
-    def read(self, size: int) -> bytes:
-        mark = watchdog.STATUS_MARK
-        while True:
-            chunk = self.raw_read(size)
-            if not chunk:
-                held, self.held = self.held, b""
-                self.settled.set()
-                return held
-            data = self.held + chunk
-            start = data.find(mark)
-            if start < 0:
-                # Hold back a tail that may be the start of a trailer cut by the chunking.
-                keep = next(
-                    (
-                        n
-                        for n in range(min(len(mark) - 1, len(data)), 0, -1)
-                        if mark.startswith(data[-n:])
-                    ),
-                    0,
-                )
-                self.held = data[len(data) - keep :] if keep else b""
-                data = data[: len(data) - keep]
-                if data:
-                    return data
-                continue
-            end = data.find(b"\n", start)
-            if end < 0:  # the trailer's number is not complete yet
-                self.held = data[start:]
-                data = data[:start]
-            else:
-                try:
-                    self.status = int(data[start + len(mark) : end])
-                    self.settled.set()
-                    data = data[:start] + data[end + 1 :]
-                except ValueError:
-                    pass  # not our trailer after all: pass it on as output
-                self.held = b""
-            if data:
-                return data
 
 
 class Transport(Protocol):

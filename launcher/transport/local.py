@@ -15,12 +15,10 @@ from typing import IO
 from launcher import remote
 from launcher.command import LaunchSpec
 from launcher.errors import LauncherError
-from launcher.transport.base import StatusFilter, Stream
+from launcher.transport.base import Stream
 
 WATCHDOG = remote.path("watchdog")
 NVIDIA_SMI_TIMEOUT_S = 10.0
-EXIT_POLL_S = 0.05
-STATUS_WAIT_S = 5.0  # after the watchdog exited, how long its status may take to arrive
 KILL_FALLBACK_S = 1.0  # SIGKILL the group ourselves if the watchdog has not done it
 
 
@@ -33,21 +31,16 @@ def build_child_env(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]
 class LocalProcess:
     """A rank on this machine: the watchdog process and its pipes."""
 
-    def __init__(self, spec: LaunchSpec, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, spec: LaunchSpec, popen: subprocess.Popen[bytes], status_fd: int) -> None:
         self.spec = spec
         self.popen = popen
         self.pid = popen.pid
         assert popen.stdout is not None and popen.stderr is not None and popen.stdin is not None
         self.files: dict[Stream, IO[bytes]] = {"stdout": popen.stdout, "stderr": popen.stderr}
         self.lifeline = popen.stdin
-        self.stderr = StatusFilter(lambda size: self.read_raw("stderr", size))
+        self.status_fd = status_fd  # the watchdog's report: the program's status, out of band
 
     def read(self, stream: Stream, size: int) -> bytes:
-        if stream == "stderr":
-            return self.stderr.read(size)
-        return self.read_raw(stream, size)
-
-    def read_raw(self, stream: Stream, size: int) -> bytes:
         file = self.files[stream]
         if file.closed:
             return b""
@@ -57,11 +50,14 @@ class LocalProcess:
         return data
 
     def wait(self) -> int:
-        while not self.stderr.settled.wait(EXIT_POLL_S):
-            if self.popen.poll() is not None:
-                self.stderr.settled.wait(STATUS_WAIT_S)
-                break
-        code = self.stderr.status if self.stderr.status is not None else self.popen.wait()
+        """The status the watchdog reports the moment the program exits (before it ends the
+        program's leftovers); the watchdog's own exit if it died without reporting."""
+        report = read_report(self.status_fd)
+        if report.lstrip(b"-").isdigit():
+            code = int(report)
+        else:  # the watchdog was killed (OOM killer, kill -9): end its group for it
+            code = self.popen.wait()
+            signal_group(self.pid, signal.SIGKILL)
         if self.popen.poll() is not None:
             try:
                 self.lifeline.close()  # the watchdog is gone: no fd outlives it
@@ -85,14 +81,32 @@ class LocalProcess:
 
     def kill_group(self) -> None:
         if self.popen.poll() is None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)  # the watchdog leads the group
-            except (ProcessLookupError, PermissionError):
-                pass
+            signal_group(self.pid, signal.SIGKILL)  # the watchdog leads the group
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    """Signal a rank's process group, even when its leader (the watchdog) is gone."""
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def read_report(fd: int) -> bytes:
+    """Read a status pipe to its end (the writer closes it), then close it."""
+    data = b""
+    try:
+        while chunk := os.read(fd, 64):
+            data += chunk
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return data.strip()
 
 
 class LocalTransport:
-    """Starts ranks as ``python -I -S watchdog.py GRACE -- argv`` on this machine."""
+    """Starts ranks as ``python -I -S watchdog.py GRACE STATUS_FD -- argv`` on this machine."""
 
     def __init__(
         self,
@@ -105,23 +119,28 @@ class LocalTransport:
         self.python = python
 
     def start(self, spec: LaunchSpec) -> LocalProcess:
-        argv = [self.python, "-I", "-S", str(WATCHDOG), str(self.grace_s), "--", *spec.argv]
+        status_read, status_write = os.pipe()
+        argv = [self.python, "-I", "-S", str(WATCHDOG), str(self.grace_s), str(status_write)]
         try:
             popen = subprocess.Popen(
-                argv,
+                [*argv, "--", *spec.argv],
                 stdin=subprocess.PIPE,  # the watchdog's lifeline: EOF when we die
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=build_child_env(self.environ, spec),
                 cwd=spec.cwd,
                 start_new_session=True,
+                pass_fds=(status_write,),
             )
         except OSError as exc:
+            os.close(status_read)
             raise LauncherError(
                 f"cannot start rank {spec.rank} on localhost: {exc}",
                 "check the limits on processes and open files (ulimit -u, -n)",
             ) from None
-        return LocalProcess(spec, popen)
+        finally:
+            os.close(status_write)  # the watchdog's copy is the only writer
+        return LocalProcess(spec, popen, status_read)
 
     def close(self) -> None:
         pass

@@ -31,7 +31,7 @@ from launcher.command import LaunchSpec, build_remote_command
 from launcher.errors import HostConnectionError
 from launcher.hosts import Host
 from launcher.remote import agent, watchdog
-from launcher.transport.base import StatusFilter, Stream
+from launcher.transport.base import Stream
 
 # paramiko logs its own tracebacks on failed connections; dtrain reports them in one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -39,7 +39,6 @@ logging.getLogger("paramiko").propagate = False
 
 KEEPALIVE_S = 15
 DEFAULT_FANOUT = 32
-STATUS_WAIT_S = 5.0
 HEARTBEAT_S = 5.0  # the agent drops the lifeline after agent.SILENCE_S without one
 TCP_USER_TIMEOUT_MS = 30_000  # a host that stops acknowledging is given up after this
 WATCHDOG_SOURCE = remote.source("watchdog")
@@ -605,7 +604,9 @@ class AgentProcess:
             "stderr": queue.SimpleQueue(),
         }
         self.ended: set[Stream] = set()
-        self.stderr = StatusFilter(lambda size: self.read_raw("stderr"))
+        self.report = b""  # the watchdog's report of the program's status (STATUS frames)
+        self.status: int | None = None
+        self.settled = threading.Event()  # the status is known, or the rank is gone without one
         self.exited = threading.Event()
         self.code: int | None = None
         self.killed = False
@@ -615,6 +616,11 @@ class AgentProcess:
             self.queues["stdout" if kind == agent.STDOUT else "stderr"].put(payload)
         elif kind in (agent.STDOUT_END, agent.STDERR_END):
             self.queues["stdout" if kind == agent.STDOUT_END else "stderr"].put(b"")
+        elif kind == agent.STATUS:
+            self.report += payload
+            if self.report.endswith(b"\n") and self.report.strip().lstrip(b"-").isdigit():
+                self.status = int(self.report)
+                self.settled.set()
         elif kind == agent.STARTED:
             self.pid = int(payload)
         elif kind == agent.FAILED:
@@ -629,13 +635,14 @@ class AgentProcess:
                 self.queues[stream].put(b"")  # harmless if the stream had ended already
         self.code = code
         self.exited.set()
+        self.settled.set()
 
     def lost(self) -> None:
         """The connection to the host ended before the rank did."""
         if not self.exited.is_set():
             self.finish(-signal.SIGKILL if self.killed else 255)
 
-    def read_raw(self, stream: Stream) -> bytes:
+    def read(self, stream: Stream, size: int) -> bytes:
         if stream in self.ended:
             return b""
         data = self.queues[stream].get()
@@ -643,18 +650,12 @@ class AgentProcess:
             self.ended.add(stream)
         return data
 
-    def read(self, stream: Stream, size: int) -> bytes:
-        return self.stderr.read(size) if stream == "stderr" else self.read_raw(stream)
-
     def wait(self) -> int:
-        # The trailer comes the moment the program exits (before its leftovers are ended):
+        # The status comes the moment the program exits (before its leftovers are ended):
         # it, not the agent's later EXITED, decides which rank failed first.
-        while not self.stderr.settled.wait(0.05):
-            if self.exited.is_set():
-                self.stderr.settled.wait(STATUS_WAIT_S)
-                break
-        if self.stderr.status is not None:
-            return self.stderr.status
+        self.settled.wait()
+        if self.status is not None:
+            return self.status
         self.exited.wait()
         assert self.code is not None
         return self.code
