@@ -20,10 +20,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from launcher.config import DEFAULT_GRACE_S, JobConfig, config_to_json
+from launcher.config import DEFAULT_GRACE_S, JobConfig, config_from_json, config_to_json
 from launcher.errors import UsageError
-from launcher.jobs import STOP_MARK, JobDir, find_job, new_job_id, pid_alive, write_json
+from launcher.jobs import (
+    STOP_MARK,
+    JobDir,
+    find_job,
+    new_job_id,
+    open_private,
+    pid_alive,
+    write_json,
+)
 
+LAUNCH_FILE = "launch.json"  # the background launcher's config; it removes the file once read
 DETACH_WAIT_S = 60.0  # how long --detach waits for the job to start (or fail) before returning
 STOP_EXTRA_S = 15.0  # beyond the grace period, how long dtrain stop waits for the launcher
 POLL_S = 0.05
@@ -44,25 +53,19 @@ def start_detached(config: JobConfig, root: Path, environ: Mapping[str, str]) ->
     job = JobDir.create(root, job_id, {"id": job_id, "command": list(config.command)})
     view = replace(config.view, quiet=True, color=False)
     child = replace(config, detach=False, job_id=job_id, view=view)
-    with open(job.path / "launcher.log", "wb") as log:
+    # The config (with -x values) goes through a 0600 file, never the command line (ps).
+    payload = job.path / LAUNCH_FILE
+    write_json(payload, config_to_json(child))
+    write_starting(job, os.getpid())  # this process speaks for the job until the launcher does
+    with open_private(job.path / "launcher.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "launcher", "_resume", json.dumps(config_to_json(child))],
+            [sys.executable, "-m", "launcher", "_resume", str(payload)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             start_new_session=True,
             env=dict(environ),
         )
-    write_json(  # until the launcher writes its own: not "lost" while it starts
-        job.path / "status.json",
-        {
-            "id": job_id,
-            "state": "starting",
-            "launcher_pid": process.pid,
-            "launcher_host": socket.gethostname(),
-            "ranks": {},
-        },
-    )
     deadline = time.monotonic() + DETACH_WAIT_S
     while time.monotonic() < deadline:
         status = job.status()
@@ -80,6 +83,32 @@ def start_detached(config: JobConfig, root: Path, environ: Mapping[str, str]) ->
     return Detached(job_id)
 
 
+def write_starting(job: JobDir, pid: int) -> None:
+    """The job is starting, and ``pid`` answers for it (not "lost" while it starts)."""
+    write_json(
+        job.path / "status.json",
+        {
+            "id": job.id,
+            "state": "starting",
+            "launcher_pid": pid,
+            "launcher_host": socket.gethostname(),
+            "ranks": {},
+        },
+    )
+
+
+def take_launch_file(path: str) -> JobConfig:
+    """The background launcher's config: read once, then removed (it may hold -x values)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"_resume {path}: cannot read the job's config ({exc})") from None
+    finally:
+        Path(path).unlink(missing_ok=True)
+    write_starting(JobDir(Path(path).parent), os.getpid())
+    return config_from_json(data)
+
+
 def stop_job(root: Path, wanted: str) -> str:
     """Stop a running job (its launcher tears it down); returns what happened, in words."""
     found = find_job(root, wanted)
@@ -93,7 +122,7 @@ def stop_job(root: Path, wanted: str) -> str:
         raise UsageError(
             f"job {found.id} runs from {host}, not this machine", f"run dtrain stop on {host}"
         )
-    (found.path / STOP_MARK).touch()
+    open_private(found.path / STOP_MARK).close()
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -277,7 +277,13 @@ def start_job(config: JobConfig) -> int:
     outcome = run_job(config, environ, TerminalFrontend(config.view, sys.stdout, sys.stderr))
     if isinstance(outcome, DryRun):
         click.echo(
-            format_dry_run(outcome.entries, outcome.mpirun, outcome.hostfile, config.view.as_json)
+            format_dry_run(
+                outcome.entries,
+                outcome.mpirun,
+                outcome.hostfile,
+                outcome.mpirun_env,
+                config.view.as_json,
+            )
         )
         return 0
     for line in format_failure(outcome.result):
@@ -286,14 +292,12 @@ def start_job(config: JobConfig) -> int:
 
 
 @cli.command("_resume", hidden=True)
-@click.argument("config_json")
-def resume(config_json: str) -> int:
-    """The background half of --detach: run the job the JSON describes."""
-    import json
+@click.argument("launch_file")
+def resume(launch_file: str) -> int:
+    """The background half of --detach: run the job its launch file describes."""
+    from launcher.background import take_launch_file
 
-    from launcher.config import config_from_json
-
-    return start_job(config_from_json(json.loads(config_json)))
+    return start_job(take_launch_file(launch_file))
 
 
 @cli.command(context_settings=CONTEXT)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.hosts import Host
@@ -53,8 +53,14 @@ def build_launch_specs(
     ]
 
 
-def describe_specs(specs: Sequence[LaunchSpec]) -> list[dict[str, object]]:
-    """The plan as plain values for ``--dry-run`` (text or JSON)."""
+def describe_specs(
+    specs: Sequence[LaunchSpec], hidden: Collection[str] = ()
+) -> list[dict[str, object]]:
+    """The plan as plain values for ``--dry-run`` (text or JSON) and the job directory.
+
+    Variables named in ``hidden`` (the user's ``-x`` and ``--env-file`` ones, which
+    may be secrets) keep their names only, under ``env_hidden``.
+    """
     return [
         {
             "rank": s.rank,
@@ -64,7 +70,8 @@ def describe_specs(specs: Sequence[LaunchSpec]) -> list[dict[str, object]]:
             "role": s.role,
             "gpus": list(s.gpus) if s.gpus is not None else None,
             "argv": list(s.argv),
-            "env": dict(s.env),
+            "env": {k: v for k, v in s.env.items() if k not in hidden},
+            **({"env_hidden": sorted(k for k in s.env if k in hidden)} if hidden else {}),
             "env_unset": list(s.env_unset),
             "cwd": s.cwd,
         }

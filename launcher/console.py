@@ -207,13 +207,17 @@ def format_dry_run(
     entries: Sequence[Mapping[str, object]],
     mpirun: Sequence[str] | None,
     hostfile: str | None,
+    mpirun_env: Mapping[str, str],
     as_json: bool,
 ) -> str:
-    """``--dry-run``: the ranks, or under ``--mpi`` mpirun's command line and hostfile."""
+    """``--dry-run``: the ranks, or under ``--mpi`` mpirun's command line, the variables it
+    forwards (``-x NAME``: the values travel in its environment) and its hostfile."""
     if mpirun is not None:
         if as_json:
-            return json.dumps({"mpirun": list(mpirun), "hostfile": hostfile}, indent=2)
-        return shell_join(mpirun) + "\n# hostfile:\n" + (hostfile or "").rstrip()
+            plan = {"mpirun": list(mpirun), "env": dict(mpirun_env), "hostfile": hostfile}
+            return json.dumps(plan, indent=2)
+        env = "".join(f"# env: {k}={shell_quote(v)}\n" for k, v in mpirun_env.items())
+        return shell_join(mpirun) + "\n" + env + "# hostfile:\n" + (hostfile or "").rstrip()
     return format_plan_json(entries) if as_json else "\n".join(format_plan(entries))
 
 

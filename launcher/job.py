@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -73,7 +73,8 @@ class DryRun:
 
     entries: list[dict[str, object]]  # one per rank (describe_specs)
     mpirun: list[str] | None = None  # --mpi: mpirun's command line...
-    hostfile: str | None = None  # ...and its hostfile
+    hostfile: str | None = None  # ...its hostfile...
+    mpirun_env: Mapping[str, str] = field(default_factory=dict)  # ...and what it forwards
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,9 @@ class Attempt:
         """One mpirun under the supervisor, its output split back by rank."""
         with mpi_launch(self.config, plan, surveyed.site, specs, self.environ) as launch:
             if self.config.dry_run:
-                return DryRun(describe_specs(specs), launch.argv, launch.hostfile_text)
+                return DryRun(
+                    describe_specs(specs), launch.argv, launch.hostfile_text, launch.spec.env
+                )
             transport = self.transports(None, self.config, self.environ)
             return Finished(self.supervise(plan, specs, [launch.spec], transport, launch.spec))
 
@@ -188,7 +191,7 @@ class Attempt:
         config = self.config
         job = self.open_job_dir(plan)
         recorder = JobRecorder(job)
-        recorder.write_plan(describe_specs(specs))
+        recorder.write_plan(describe_specs(specs, hidden=self.extra.keys()))
         recorder.write_status("running", None)
         view, showing = self.frontend.open_view(self.job_id, plan)
         sink: OutputSink = Tee(recorder, view)

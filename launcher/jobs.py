@@ -21,11 +21,12 @@ import re
 import secrets
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from launcher.command import LaunchSpec
 from launcher.errors import UsageError
@@ -48,11 +49,35 @@ def jobs_root(option: str | None, environ: Mapping[str, str]) -> Path:
     return Path(option or environ.get("DTRAIN_JOB_DIR") or DEFAULT_ROOT).expanduser()
 
 
+FILE_MODE = 0o600  # a job's files and directory are its owner's alone (rule 7)
+DIR_MODE = 0o700
+
+
+def open_private(path: Path, mode: str = "ab") -> BinaryIO:
+    """Open (creating it 0600) a file of the job directory."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    return cast(BinaryIO, os.fdopen(os.open(path, flags | os.O_CLOEXEC, FILE_MODE), mode))
+
+
 def write_json(path: Path, value: object) -> None:
-    """Replace ``path`` atomically: readers never see half a file."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(value, indent=1))
+    """Replace ``path`` atomically (readers never see half a file), readable by its owner only."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open_private(temporary, "wb") as f:
+        f.write(json.dumps(value, indent=1).encode())
     os.replace(temporary, path)
+
+
+def make_private_dir(path: Path, exist_ok: bool) -> None:
+    """``mkdir -p`` whose new directories are 0700 (whatever the umask)."""
+    if not path.parent.is_dir():
+        make_private_dir(path.parent, exist_ok=True)
+    try:
+        path.mkdir(mode=DIR_MODE)
+    except FileExistsError:
+        if not exist_ok:
+            raise
+        return
+    os.chmod(path, DIR_MODE)  # mkdir's mode is masked by the umask
 
 
 def read_json(path: Path) -> Any:
@@ -74,7 +99,7 @@ class JobDir:
     def create(root: Path, job_id: str, meta: Mapping[str, object]) -> JobDir:
         try:
             path = root / job_id
-            path.mkdir(parents=True, exist_ok=False)
+            make_private_dir(path, exist_ok=False)
         except OSError as exc:
             raise UsageError(
                 f"--job-dir {root}: cannot create the job directory ({exc.strerror})",
@@ -189,7 +214,7 @@ class JobRecorder:
             file = self.files.get(key)
             if file is None:
                 name = f"{spec.label}.log" if spec.label else self.job.log_path(spec.rank).name
-                file = self.files[key] = open(self.job.path / name, "ab")  # noqa: SIM115
+                file = self.files[key] = open_private(self.job.path / name)
             # One C-level join per batch: this runs for every line of every rank.
             file.write(prefix + (b"\n" + prefix).join(lines) + b"\n")
             file.flush()

@@ -100,7 +100,7 @@ def build_mpirun_argv(
     np: int,
     hostfile: str,
     map_by: str,
-    env: Mapping[str, str],
+    env_names: Sequence[str],
     prefix: str | None,
     as_root: bool,
     mca: Mapping[str, str],
@@ -108,8 +108,10 @@ def build_mpirun_argv(
 ) -> list[str]:
     """Open MPI's mpirun command line for a dtrain job (pure).
 
-    Every variable dtrain sets travels with ``-x NAME=value``; ``--output tag``
-    gives ``[1,RANK]<stdout>:`` prefixes that dtrain turns back into its own tags.
+    Every variable dtrain sets is forwarded by name (``-x NAME``): its value is in
+    mpirun's environment, never on a command line (where ``ps`` would show it).
+    ``--output tag`` gives ``[1,RANK]<stdout>:`` prefixes that dtrain turns back
+    into its own tags.
     """
     # The hostfile holds exactly the ranks dtrain placed on each host: no oversubscription here.
     command = [mpirun, "-np", str(np), "--hostfile", hostfile, "--map-by", map_by]
@@ -120,8 +122,8 @@ def build_mpirun_argv(
         command += ["--prefix", prefix]
     for name, value in mca.items():
         command += ["--mca", name, value]
-    for name, value in env.items():
-        command += ["-x", f"{name}={value}"]
+    for name in env_names:
+        command += ["-x", name]
     return [*command, *argv]
 
 
@@ -162,7 +164,7 @@ class MpiLaunch:
 
     argv: list[str]
     hostfile_text: str
-    spec: LaunchSpec  # mpirun as a "rank" (labelled mpirun) for the supervisor
+    spec: LaunchSpec  # mpirun as a "rank" (labelled mpirun) with the variables it forwards
 
 
 @contextmanager
@@ -176,27 +178,40 @@ def mpi_launch(
     """mpirun's command line and hostfile (in a temporary folder, removed afterwards)."""
     assert config.mpi is not None
     mpirun = find_mpirun(config.mpi.mpirun, environ)
-    directory = Path(tempfile.mkdtemp(prefix="dtrain-mpi-"))
+    remove_stale_folders(Path(tempfile.gettempdir()))
+    directory = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
     hostfile = directory / "hostfile"
     try:
         text = format_hostfile(plan, {})
         hostfile.write_text(text)
+        env = mpi_environment(plan, specs, site, environ)
         argv = build_mpirun_argv(
             mpirun,
             np=plan.world_size,
             hostfile=str(hostfile),
             map_by=config.placement.map_by,
-            env=mpi_environment(plan, specs, site, environ),
+            env_names=list(env),
             prefix=mpirun_prefix(mpirun),
             as_root=os.geteuid() == 0,
             mca=mca_parameters(config, site, environ),
             argv=config.command,
         )
-        spec = dataclasses.replace(specs[0], argv=tuple(argv), env={}, label="mpirun")
+        spec = dataclasses.replace(specs[0], argv=tuple(argv), env=env, label="mpirun")
         yield MpiLaunch(argv, text, spec)
     finally:
         hostfile.unlink(missing_ok=True)
         directory.rmdir()
+
+
+FOLDER_PREFIX = "dtrain-mpi-"  # + the launcher's pid: a SIGKILLed launcher's folder is found
+
+
+def remove_stale_folders(temp: Path) -> None:
+    """Remove the hostfile folders of launchers that were killed before they could."""
+    for folder in temp.glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists() and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def names_mpi4py(argv: Sequence[str], cwd: str) -> bool:

@@ -104,7 +104,10 @@ def test_dry_run_prints_the_mpirun_command() -> None:
     argv = plan["mpirun"]
     assert argv[0].endswith("mpirun") and argv[1:3] == ["-np", "4"]
     assert argv[-2:] == ["python", "train.py"]
-    assert "-x" in argv and "NCCL_DEBUG=INFO" in argv and "PYTHONUNBUFFERED=1" in argv
+    # Variables go by name: their values travel in mpirun's environment, not its argv.
+    assert argv[argv.index("NCCL_DEBUG") - 1] == "-x" and "PYTHONUNBUFFERED" in argv
+    assert not any("=INFO" in a for a in argv)
+    assert plan["env"]["NCCL_DEBUG"] == "INFO" and plan["env"]["PYTHONUNBUFFERED"] == "1"
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
     assert plan["hostfile"] == "localhost slots=2\nlocalhost2 slots=2\n"
     assert not any(a.startswith("RANK=") for a in argv)  # per-rank values come from mpirun
