@@ -68,8 +68,9 @@ def start_detached(config: JobConfig, root: Path, environ: Mapping[str, str]) ->
         )
     deadline = time.monotonic() + DETACH_WAIT_S
     while time.monotonic() < deadline:
+        ended = process.poll() is not None  # before the status: a status read after it is fresh
         status = job.status()
-        if process.poll() is not None and status.get("state") in ("starting", "running"):
+        if ended and status.get("state") in ("starting", "running"):
             # It ended before it could start the job: its error is ours.
             lines = (job.path / "launcher.log").read_text(errors="replace").splitlines()
             error = next(

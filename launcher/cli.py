@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -168,6 +169,12 @@ view_options = stacked(
     option("--plain", "Plain tagged lines, no live status view.", is_flag=True),
     option("--ranks", "Show only these ranks (e.g. 0,3); all are logged.", metavar="LIST"),
     option("--quiet", "Show only the summary; all is logged.", is_flag=True),
+    option(
+        "--lossy-view lossy",
+        "When the terminal falls behind, drop lines from it (counted) instead of slowing the "
+        "ranks; the job directory keeps every line.",
+        is_flag=True,
+    ),
 )
 job_options = stacked(host_options, rank_options, view_options, ssh_options)
 
@@ -286,9 +293,17 @@ def start_job(config: JobConfig) -> int:
             )
         )
         return 0
+    if outcome.result.interrupt is not None:
+        # Stopped by a signal: a terminal paused on our output must not keep dtrain alive.
+        exit_anyway = threading.Timer(EXIT_WAIT_S, os._exit, [outcome.result.exit_code])
+        exit_anyway.daemon = True
+        exit_anyway.start()
     for line in format_failure(outcome.result):
         click.echo(line, err=True)
     return outcome.result.exit_code
+
+
+EXIT_WAIT_S = 5.0
 
 
 @cli.command("_resume", hidden=True)
@@ -359,14 +374,14 @@ def logs(
     from launcher.console import LogView
     from launcher.jobs import LogQuery, find_job, jobs_root, parse_duration, select_lines
 
-    found = find_job(jobs_root(job_dir, os.environ), job)
-    view = LogView(found.recorded_specs(), sys.stdout)
     query = LogQuery(
         ranks=parse_ranks(ranks) if ranks is not None else None,
         role=role,
         since_s=parse_duration(since) if since else None,
         pattern=pattern,
     )
+    found = find_job(jobs_root(job_dir, os.environ), job)
+    view = LogView(found.recorded_specs(), sys.stdout)
     for line in select_lines(found, view.specs, query, follow):
         view.show_line(line)
     if not follow:
@@ -432,4 +447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_main() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):  # `dtrain ... | head`: the reader went away
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no noise at exit
+    sys.exit(code)

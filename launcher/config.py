@@ -79,6 +79,7 @@ class ViewConfig:
     ranks: str | None = None  # --ranks 0,3 as given; ``rank_set`` parses it
     quiet: bool = False
     output_dir: str | None = None
+    lossy: bool = False  # --lossy-view: a terminal that falls behind drops lines (counted)
 
     @property
     def rank_set(self) -> frozenset[int] | None:

@@ -169,6 +169,8 @@ def format_failure(result: JobResult) -> list[str]:
         if failure.last_lines:
             lines.append(f"dtrain: last {failure.stream} lines of rank {failure.rank}:")
             lines.extend(f"    {line}" for line in failure.last_lines)
+        elif failure.rank >= 0:
+            lines.append(f"dtrain: rank {failure.rank} wrote nothing (no output)")
     elif result.interrupt is not None:
         import signal
 

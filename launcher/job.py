@@ -34,16 +34,17 @@ from launcher.jobs import (
     prepare_output_dir,
     write_json,
 )
-from launcher.logs import Tee
 from launcher.mpi import MpiOutput, mpi_failure, mpi_launch, names_mpi4py, rank_specs
 from launcher.outcome import JobResult, OutputSink
+from launcher.outlets import Fanout, Outlet
 from launcher.plan import Plan, bind_gpus, bind_ps_gpus, plan_ps, plan_ranks
 from launcher.specs import ServerProgram, build_job_specs
 from launcher.supervisor import Supervisor
-from launcher.survey import Survey, read_hosts, read_text, survey_hosts
+from launcher.survey import Survey, check_local_program, read_hosts, read_text, survey_hosts
 from launcher.transport.base import RoutedTransport, Transport
 from launcher.transport.local import LocalTransport, detect_local_gpus
 
+VIEW_PATIENCE_S = 2.0  # after Ctrl-C/SIGTERM, how long the view may take to show what is left
 MPI4PY_WARNING = (
     "dtrain: warning: this looks like an mpi4py program; without --mpi every rank is an MPI "
     "singleton of size 1 (add --mpi to run it through mpirun)"
@@ -148,6 +149,8 @@ class Attempt:
         surveyed = self.survey(plan, config, self.environ, self.workdir)
         try:
             plan = bind_job_gpus(plan, surveyed, config)
+            if not config.dry_run:
+                check_local_program(plan, surveyed.site, config.command, self.workdir, self.environ)
             specs = build_job_specs(
                 plan,
                 surveyed.site,
@@ -194,27 +197,53 @@ class Attempt:
         recorder.write_plan(describe_specs(specs, hidden=self.extra.keys()))
         recorder.write_status("running", None)
         view, showing = self.frontend.open_view(self.job_id, plan)
-        sink: OutputSink = Tee(recorder, view)
-        mpi_output = None
-        if mpi_launcher is not None:
-            sink = mpi_output = MpiOutput(sink, rank_specs(plan, specs[0]), mpi_launcher)
+        journal: OutputSink = recorder
+        if mpi_launcher is not None:  # mpirun's tagged lines, split back per rank for each sink
+            journal = mpi_output = MpiOutput(recorder, rank_specs(plan, specs[0]), mpi_launcher)
+            view = MpiOutput(view, rank_specs(plan, specs[0]), mpi_launcher)
+        view_outlet = Outlet(
+            view,
+            name="terminal view",
+            lossy=config.view.lossy,
+            patience_s=VIEW_PATIENCE_S,
+            on_drop=self.report_drops,
+        )
+        output = Fanout([Outlet(journal, name="job directory"), view_outlet])
         tf_ps = config.tf_ps and mpi_launcher is None
         supervisor = Supervisor(
             started,
             transport,
-            sink,
+            output,
             grace_s=config.grace_s,
             clock=self.clock,
             output_dir=self.output_dir,
             roles={s.rank: s.role for s in started} if tf_ps else None,
             worker_restarts=config.ps.restart_workers if config.ps is not None else 0,
         )
-        with showing:
+        showing.__enter__()
+        try:
             result = supervisor.run()
-        if mpi_output is not None:
+        except BaseException:
+            recorder.finish_error()  # the record says how it ended, whatever happened
+            raise
+        finally:
+            if not view_outlet.thread.is_alive():  # a view still stuck on a paused terminal
+                showing.__exit__(None, None, None)  # would hang here: it is left behind
+        if mpi_launcher is not None:
             result = mpi_failure(result, mpi_output, plan)
         recorder.finish(result, stopped=(job.path / STOP_MARK).exists())
+        if view_outlet.failed:
+            self.frontend.notice(
+                f"dtrain: warning: the terminal view failed ({view_outlet.error!r}); the job "
+                f"went on without it: dtrain logs {self.job_id} shows every line"
+            )
         return result
+
+    def report_drops(self, count: int) -> None:
+        self.frontend.notice(
+            f"dtrain: the terminal fell behind: {count} line(s) not shown "
+            f"(--lossy-view; dtrain logs {self.job_id} has every line)"
+        )
 
     def open_job_dir(self, plan: Plan) -> JobDir:
         root = jobs_root(self.config.job_dir, self.environ)

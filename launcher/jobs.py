@@ -247,12 +247,23 @@ class JobRecorder:
             },
         )
 
-    def finish(self, result: JobResult, stopped: bool) -> None:
+    def close_files(self) -> None:
         for file in self.files.values():
             try:
                 file.close()
             except OSError:
                 pass
+
+    def finish_error(self) -> None:
+        """The launcher failed before the job's end was known: the job failed."""
+        self.close_files()
+        try:
+            self.write_status("failed", 1)
+        except OSError:
+            pass  # as in finish
+
+    def finish(self, result: JobResult, stopped: bool) -> None:
+        self.close_files()
         if result.exit_code == 0:
             state = "succeeded"
         elif stopped:
@@ -261,7 +272,10 @@ class JobRecorder:
             state = "interrupted"
         else:
             state = "failed"
-        self.write_status(state, result.exit_code)
+        try:
+            self.write_status(state, result.exit_code)
+        except OSError:
+            pass  # a full disk: the job's end is still the launcher's exit code
 
 
 @dataclass(frozen=True)

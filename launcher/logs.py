@@ -14,10 +14,10 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
-from launcher.outcome import PROGRESS, OutputSink, RankState, Stream
+from launcher.outcome import PROGRESS
 
 if TYPE_CHECKING:
-    from launcher.command import LaunchSpec
+    pass
 
 LINE_BREAK = re.compile(rb"(\r\n|\r|\n)")
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a longer "line" is cut; 1 MB lines pass whole
@@ -134,18 +134,3 @@ def copy_chunk(raw_copy: BinaryIO | None, chunk: bytes) -> BinaryIO | None:
         except OSError:
             pass
         return None
-
-
-class Tee:
-    """One sink made of several (the job directory and the terminal, say)."""
-
-    def __init__(self, *sinks: OutputSink) -> None:
-        self.sinks = sinks
-
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        for sink in self.sinks:
-            sink.show(spec, stream, lines)
-
-    def update(self, state: RankState) -> None:
-        for sink in self.sinks:
-            sink.update(state)

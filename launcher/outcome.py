@@ -67,16 +67,19 @@ def build_rank_report(
 ) -> RankReport:
     """The failure report of one rank: its last stderr lines, or stdout when stderr is empty.
 
-    Progress-bar updates keep their final text (the trailing ``\\r`` marker is dropped).
+    A progress bar keeps its final state only: updates (lines a bare ``\\r`` ended) are
+    dropped, unless the last line is one (the bar the rank died in).
     """
     stream: Stream = "stderr" if tails.get("stderr") else "stdout"
+    lines = list(tails.get(stream, ()))
+    kept = [line for line in lines[:-1] if not line.endswith(PROGRESS)] + lines[-1:]
     return RankReport(
         rank=spec.rank,
         host=spec.host.name,
         status=status,
         last_lines=tuple(
             (line[:-1] if line.endswith(PROGRESS) else line).decode("utf-8", "replace")
-            for line in tails.get(stream, ())
+            for line in kept
         ),
         stream=stream,
         role=spec.role,

@@ -1,8 +1,10 @@
 """One run of one rank (loop layer): its process, a reader per stream, a waiter, its tails.
 
-The threads here only read and wait; everything they learn goes to the
-supervisor's inbox as a message, which the supervisor's loop handles in
-order.  A restarted rank is a new ``RankRun``.
+The readers hand whole lines to the outlets (``outlets.Fanout``: the job
+directory and the view, each with its own writer), keeping the last ones for
+the failure report; when an outlet is full they wait, and so does the rank
+(back-pressure), never the supervisor.  The ends of streams and the exit go
+to the supervisor's inbox as messages.  A restarted rank is a new ``RankRun``.
 """
 
 from __future__ import annotations
@@ -17,16 +19,10 @@ from typing import BinaryIO
 from launcher.command import LaunchSpec
 from launcher.logs import pump_stream
 from launcher.outcome import STREAMS, RankState, Stream
+from launcher.outlets import Fanout
 from launcher.transport.base import Process
 
 TAIL_LINES = 20
-
-
-@dataclass(frozen=True)
-class Output:
-    run: RankRun
-    stream: Stream
-    lines: list[bytes]
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,7 @@ class Signalled:
     signum: int
 
 
-Message = Output | StreamEnd | Exit | Signalled
+Message = StreamEnd | Exit | Signalled
 
 
 class RankRun:
@@ -57,11 +53,13 @@ class RankRun:
         process: Process,
         state: RankState,
         post: Callable[[Message], None],
+        output: Fanout,
     ) -> None:
         self.spec = spec
         self.process = process
         self.state = state
         self.post = post
+        self.output = output
         self.open_streams = len(STREAMS)
         self.status: int | None = None
         self.tails: dict[Stream, deque[bytes]] = {s: deque(maxlen=TAIL_LINES) for s in STREAMS}
@@ -75,8 +73,11 @@ class RankRun:
         threading.Thread(target=self.wait, daemon=True).start()
 
     def pump(self, stream: Stream, copy: BinaryIO | None) -> None:
+        tail = self.tails[stream]
+
         def on_lines(lines: list[bytes]) -> None:
-            self.post(Output(self, stream, lines))
+            tail.extend(lines)
+            self.output.post_lines(self.spec, stream, lines)
 
         pump_stream(lambda size: self.process.read(stream, size), on_lines, copy)
         self.post(StreamEnd(self))

@@ -23,6 +23,7 @@ from types import FrameType
 from launcher.clock import Clock, SystemClock
 from launcher.command import LaunchSpec
 from launcher.outcome import JobResult, OutputSink, RankReport, RankState, build_rank_report
+from launcher.outlets import Fanout, Outlet
 from launcher.policy import (
     Event,
     Finish,
@@ -36,7 +37,7 @@ from launcher.policy import (
     decide,
     start_state,
 )
-from launcher.rankrun import Exit, Message, Output, RankRun, Signalled, StreamEnd
+from launcher.rankrun import Exit, Message, RankRun, Signalled, StreamEnd
 from launcher.transport.base import Transport
 
 __all__ = ["Signalled", "Supervisor", "caught_signals"]
@@ -69,7 +70,7 @@ class Supervisor:
         self,
         specs: Sequence[LaunchSpec],
         transport: Transport,
-        sink: OutputSink,
+        sink: OutputSink | Fanout,
         *,
         grace_s: float = 5.0,
         clock: Clock | None = None,
@@ -80,7 +81,8 @@ class Supervisor:
     ) -> None:
         self.specs = list(specs)
         self.transport = transport
-        self.sink = sink
+        # Lines go from the ranks' readers to the outlets' writers; the loop posts states only.
+        self.output = sink if isinstance(sink, Fanout) else Fanout([Outlet(sink)])
         self.grace_s = grace_s
         self.clock: Clock = clock or SystemClock()
         self.output_dir = output_dir
@@ -110,6 +112,7 @@ class Supervisor:
             finally:
                 self.teardown()
                 self.transport.close()
+                self.output.finish(interrupted=self.stop_requested)
         return JobResult(
             exit_code=state.exit_code,
             world_size=len(self.specs),
@@ -157,20 +160,16 @@ class Supervisor:
                 return event
 
     def handle(self, message: Message) -> Event | None:
-        """Show output, count closed streams; exits and signals become policy events."""
+        """Count closed streams; exits and signals become policy events."""
         if isinstance(message, Signalled):
             return Interrupted(message.signum)
         run = message.run
-        if isinstance(message, Output):
-            run.tails[message.stream].extend(message.lines)
-            self.sink.show(run.spec, message.stream, message.lines)
-        elif isinstance(message, StreamEnd):
+        if isinstance(message, StreamEnd):
             run.open_streams -= 1
-        else:
-            self.record_exit(message)
-            self.sink.update(run.state)
-            return RankExited(run.spec.rank, message.status)
-        return None
+            return None
+        self.record_exit(message)
+        self.output.post_state(run.state)
+        return RankExited(run.spec.rank, message.status)
 
     def record_exit(self, message: Exit) -> None:
         run = message.run
@@ -178,10 +177,10 @@ class Supervisor:
         run.state = replace(run.state, status=message.status, ended=self.clock.wall())
 
     def drain(self) -> None:
-        """Show what the ranks wrote before they exited.
+        """Let the readers hand on what the ranks wrote before they exited.
 
         Waits up to ``DRAIN_S`` for streams to close (a process that escaped
-        everything may hold one open), but never drops what was already read.
+        everything may hold one open); what was read is in the outlets already.
         """
         end = self.clock.now() + DRAIN_S
         runs = [*self.runs.values(), *self.retired]
@@ -203,8 +202,8 @@ class Supervisor:
         state = RankState(
             spec.rank, spec.host.name, spec.role, process.pid, self.clock.wall(), restarts=restarts
         )
-        run = self.runs[spec.rank] = RankRun(spec, process, state, self.events.put)
-        self.sink.update(state)
+        run = self.runs[spec.rank] = RankRun(spec, process, state, self.events.put, self.output)
+        self.output.post_state(state)
         run.watch(self.output_dir)
 
     def restart(self, rank: int) -> None:
@@ -223,8 +222,7 @@ class Supervisor:
     def teardown(self) -> None:
         """SIGTERM, grace, SIGKILL for whatever still runs (after an error in the loop).
 
-        Only exits are recorded here (output is no longer shown: the view may
-        be what failed), and a signal to dtrain cuts the grace short.
+        Only exits are recorded here, and a signal to dtrain cuts the grace short.
         """
         if self.killed or not any(run.running for run in self.runs.values()):
             return

@@ -48,9 +48,11 @@ def read_hosts(
     if hostfile:
         return parse_hostfile(read_text(hostfile, "--hostfile"), source=hostfile)
     if host_lists:
-        if len(host_lists) > 1:  # repeated -H: one merged list, checked for duplicates
-            return parse_host_list(",".join(host_lists), source="-H")
-        return parse_host_list(host_lists[0], source="-H")
+        for spec in host_lists:  # each -H on its own first: errors name the list given
+            found = parse_host_list(spec, source="-H")
+        if len(host_lists) > 1:  # repeated -H: the merged list, checked for duplicates
+            found = parse_host_list(",".join(host_lists), source="-H")
+        return found
     return [Host("localhost", slots=default_slots or 1)]
 
 
@@ -89,10 +91,8 @@ def ssh_settings(ssh: SshConfig) -> Any:
 
 
 def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], workdir: str) -> Survey:
-    """Decide local or remote by address; connect to and probe remote hosts (not in dry runs).
-
-    Outside dry runs the program and working directory are checked on every host.
-    """
+    """Decide local or remote by address; connect to and probe remote hosts (not in dry runs);
+    the program and working directory are checked on every remote host."""
     local = {h.name: is_local_address(h.name) for h in plan.hosts}
     remote_hosts = [h for h in plan.hosts if not local[h.name]]
     settings: Any = None
@@ -129,8 +129,6 @@ def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], work
             survey.close()
             raise
         survey.site = facts.freeze()
-    if not config.dry_run:
-        check_local_program(plan, survey.site, config.command, workdir, environ)
     return survey
 
 

@@ -54,7 +54,7 @@ def run_fake(
 
 def test_a_failing_rank_fails_the_job_with_its_summary_and_record(tmp_path: Path) -> None:
     config = JobConfig(
-        command=("train",),
+        command=("true",),
         placement=PlacementConfig(np=3),
         job_dir=str(tmp_path),
         job_id="20261123-000000-aaaaaa",
@@ -101,7 +101,7 @@ def test_a_failing_rank_fails_the_job_with_its_summary_and_record(tmp_path: Path
 
 
 def test_success_records_every_line_in_order(tmp_path: Path) -> None:
-    config = JobConfig(command=("train",), placement=PlacementConfig(np=2), job_dir=str(tmp_path))
+    config = JobConfig(command=("true",), placement=PlacementConfig(np=2), job_dir=str(tmp_path))
     outcome, _, frontend = run_fake(
         config,
         {
@@ -123,7 +123,7 @@ def test_success_records_every_line_in_order(tmp_path: Path) -> None:
 
 def test_dry_run_starts_nothing_and_describes_every_rank(tmp_path: Path) -> None:
     config = JobConfig(
-        command=("train",),
+        command=("true",),
         placement=PlacementConfig(host_lists=("a:2,b:2",), np=4, map_by="node"),
         dry_run=True,
         job_dir=str(tmp_path),
@@ -140,7 +140,7 @@ def test_dry_run_starts_nothing_and_describes_every_rank(tmp_path: Path) -> None
 
 
 def test_bad_config_fails_before_anything_runs(tmp_path: Path) -> None:
-    config = JobConfig(command=("train",), view=ViewConfig(ranks="one"), job_dir=str(tmp_path))
+    config = JobConfig(command=("true",), view=ViewConfig(ranks="one"), job_dir=str(tmp_path))
     with pytest.raises(UsageError, match="--ranks 'one'"):
         run_fake(config, {})
     with pytest.raises(UsageError, match="-np 5 is more than the 2 slots"):

@@ -265,7 +265,9 @@ def test_live_view_on_a_terminal_redraws_progress_in_place(mark: str) -> None:
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode("utf-8", "replace"))
     assert "1/1 running" in text  # the live status line while the rank ran
     assert "0/1 running" in text and "exited 1 (failed 0)" in text  # its final state
-    assert "progress 50%" in text  # a progress update drawn in the live region
+    # A progress update drawn in the live region (the view redraws 4 times a second, the
+    # bar moves every 0.2 s: which states are caught varies, that some is does not).
+    assert re.search(r"\[0\] progress (0|25|50|75)%", text)
     assert "done" in text
     # the newline closed the last update: it was printed once, as a log line
     assert text.count("[0] progress 100%") == 1

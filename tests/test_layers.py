@@ -14,7 +14,7 @@ LAYERS = [
     ("pure", {"config", "hosts", "plan", "env", "command", "policy", "outcome", "specs"}),
     ("remote", {"remote", "remote.agent", "remote.watchdog", "remote.probe", "remote.tf_server"}),
     ("effects", {"transport", "transport.base", "transport.local", "transport.ssh", "mpi"}),
-    ("streams", {"logs", "jobs"}),
+    ("streams", {"logs", "jobs", "outlets"}),
     ("loop", {"clock", "rankrun", "supervisor"}),
     ("job", {"job", "survey", "background"}),
     ("view", {"console"}),

@@ -116,3 +116,16 @@ def test_interrupt_before_start_starts_nothing_more() -> None:
     result = supervisor.run()
     assert transport.started == {}
     assert result.exit_code == 143
+
+
+def test_report_keeps_progress_bars_final_state_and_says_no_output() -> None:
+    bar = [b"\rstep 1/3 ", b"\rstep 2/3 ", b"\rstep 3/3 \ndone\n"]
+    result, _, _ = supervise({0: ({"stdout": bar}, 2, False)})
+    assert result.failure is not None
+    assert result.failure.last_lines == ("step 3/3 ", "done")
+    assert result.failure.stream == "stdout"
+    silent, _, _ = supervise({0: ({}, 1, False)})
+    assert silent.failure is not None and silent.failure.last_lines == ()
+    from launcher.console import format_failure
+
+    assert format_failure(silent)[1] == "dtrain: rank 0 wrote nothing (no output)"

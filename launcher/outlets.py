@@ -1,0 +1,188 @@
+"""From the ranks' readers to the sinks, never through the supervisor's loop (streams layer).
+
+Each sink (the job directory, the terminal view) is an ``Outlet``: a queue
+bounded per rank and a writer thread of its own that hands the queue's items
+to the sink in order.  A rank's reader that finds its share of a queue full
+waits (back-pressure: the rank's pipe fills, and the rank waits on its
+writes), unless the outlet is lossy (``--lossy-view``), which then drops the
+lines and counts them.  The supervisor's loop only posts rank states, which
+never wait.  A sink that raises (a broken pipe, a view's bug) is abandoned:
+the job goes on without it, and nothing waits on it again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from launcher.outcome import OutputSink, RankState, Stream
+
+if TYPE_CHECKING:
+    from launcher.command import LaunchSpec
+
+RANK_BUFFER_BYTES = 1 << 20  # per rank and outlet: what may wait for a slow sink
+LINE_OVERHEAD_BYTES = 64  # a line's cost beyond its text (list slot, bytes object)
+
+
+@dataclass(frozen=True)
+class Lines:
+    spec: LaunchSpec
+    stream: Stream
+    lines: list[bytes]
+    size: int
+
+
+Item = Lines | RankState
+
+
+class OutputQueue:
+    """FIFO of lines and states; lines are bounded per rank (``limit_bytes`` each)."""
+
+    def __init__(self, limit_bytes: int = RANK_BUFFER_BYTES, lossy: bool = False) -> None:
+        self.limit_bytes = limit_bytes
+        self.lossy = lossy
+        self.ready = threading.Condition()
+        self.items: deque[Item] = deque()
+        self.pending: dict[tuple[int, str | None], int] = {}  # bytes queued per rank
+        self.dropped = 0  # lines a lossy queue let go since the last report
+        self.closed = False  # no more items will come
+        self.abandoned = False  # the sink is gone: take nothing more
+
+    def put_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        """Queue a rank's lines; wait while that rank's share is full (or drop, if lossy)."""
+        size = sum(len(line) for line in lines) + LINE_OVERHEAD_BYTES * len(lines)
+        key = (spec.rank, spec.label)
+        with self.ready:
+            while not self.abandoned and self.is_full(key, size):
+                if self.lossy:
+                    self.dropped += len(lines)
+                    return
+                self.ready.wait()
+            if self.abandoned:
+                return
+            self.items.append(Lines(spec, stream, lines, size))
+            self.pending[key] = self.pending.get(key, 0) + size
+            self.ready.notify_all()
+
+    def is_full(self, key: tuple[int, str | None], size: int) -> bool:
+        """No room for ``size`` more bytes of this rank (a batch larger than the limit
+        still passes alone: a rank never waits forever)."""
+        queued = self.pending.get(key, 0)
+        return queued > 0 and queued + size > self.limit_bytes
+
+    def put_state(self, state: RankState) -> None:
+        """Queue a rank's state: never waits (states are few: one per start and exit)."""
+        with self.ready:
+            if not self.abandoned:
+                self.items.append(state)
+                self.ready.notify_all()
+
+    def take(self) -> tuple[Item | None, int]:
+        """The next item (None once closed and empty), and the lines dropped before it."""
+        with self.ready:
+            while not self.items and not self.closed and not self.abandoned:
+                self.ready.wait()
+            dropped, self.dropped = self.dropped, 0
+            if not self.items or self.abandoned:
+                return None, dropped
+            item = self.items.popleft()
+            if isinstance(item, Lines):
+                key = (item.spec.rank, item.spec.label)
+                self.pending[key] -= item.size
+                self.ready.notify_all()  # a reader may be waiting for room
+            return item, dropped
+
+    def close(self) -> None:
+        with self.ready:
+            self.closed = True
+            self.ready.notify_all()
+
+    def abandon(self) -> None:
+        """Drop everything and never wait again: the sink failed or is given up."""
+        with self.ready:
+            self.abandoned = True
+            self.items.clear()
+            self.pending.clear()
+            self.ready.notify_all()
+
+
+class Outlet:
+    """One sink behind its own queue and writer thread."""
+
+    def __init__(
+        self,
+        sink: OutputSink,
+        *,
+        name: str = "view",
+        lossy: bool = False,
+        patience_s: float | None = None,
+        limit_bytes: int = RANK_BUFFER_BYTES,
+        on_drop: Callable[[int], None] | None = None,
+    ) -> None:
+        self.sink = sink
+        self.name = name
+        self.queue = OutputQueue(limit_bytes, lossy)
+        self.on_drop = on_drop
+        self.patience_s = patience_s  # after Ctrl-C/SIGTERM, how long to wait for the writer
+        self.error: BaseException | None = None
+        self.dropped_total = 0
+        self.thread = threading.Thread(target=self.write, name=f"dtrain-{name}", daemon=True)
+        self.thread.start()
+
+    def write(self) -> None:
+        while True:
+            item, dropped = self.queue.take()
+            try:
+                if dropped:
+                    self.dropped_total += dropped
+                    if self.on_drop is not None:
+                        self.on_drop(dropped)
+                if item is None:
+                    return
+                if isinstance(item, Lines):
+                    self.sink.show(item.spec, item.stream, item.lines)
+                else:
+                    self.sink.update(item)
+            except BaseException as exc:  # the sink failed: the job goes on without it
+                self.error = exc
+                self.queue.abandon()
+                return
+
+    def finish(self, timeout_s: float | None) -> bool:
+        """Let the writer empty the queue (at most ``timeout_s``); False: given up on."""
+        self.queue.close()
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            self.queue.abandon()
+            return False
+        return True
+
+    @property
+    def failed(self) -> bool:
+        """The sink raised something other than a closed pipe (which ends a view quietly)."""
+        return self.error is not None and not isinstance(self.error, BrokenPipeError)
+
+
+class Fanout:
+    """Every outlet of a job; readers post lines, the loop posts states, none of them write."""
+
+    def __init__(self, outlets: Sequence[Outlet]) -> None:
+        self.outlets = list(outlets)
+
+    def post_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        for outlet in self.outlets:
+            outlet.queue.put_lines(spec, stream, lines)
+
+    def post_state(self, state: RankState) -> None:
+        for outlet in self.outlets:
+            outlet.queue.put_state(state)
+
+    def finish(self, interrupted: bool) -> None:
+        """Close every outlet in turn and let its writer empty it: as long as it takes, but
+        after Ctrl-C or SIGTERM at most its patience (a paused terminal must not keep a
+        stopped job alive)."""
+        for outlet in self.outlets:
+            outlet.finish(outlet.patience_s if interrupted else None)

@@ -1,0 +1,266 @@
+"""Output never stalls the kill path or grows without bound: bounded per-rank queues,
+writer threads per sink, back-pressure to the ranks, sinks that fail or go away."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.command import LaunchSpec
+from launcher.config import JobConfig, PlacementConfig
+from launcher.hosts import Host
+from launcher.job import Finished, run_job
+from launcher.jobs import JobDir
+from launcher.outcome import RankState, Stream
+from launcher.outlets import Lines, Outlet, OutputQueue
+from launcher.supervisor import Supervisor
+from tests.conftest import DTRAIN, JOBS, REPO, child_env, marked_pids, wait_for_pids
+from tests.fakes import FakeClock, FakeTransport, RecordingFrontend, RecordingSink
+from tests.test_job import local_survey
+
+
+def spec(rank: int) -> LaunchSpec:
+    return LaunchSpec(rank=rank, host=Host("h"), local_rank=rank, argv=("x",), env={})
+
+
+def put_in_thread(queue: OutputQueue, rank: int, lines: list[bytes]) -> threading.Thread:
+    thread = threading.Thread(target=queue.put_lines, args=(spec(rank), "stdout", lines))
+    thread.start()
+    return thread
+
+
+def test_a_full_rank_waits_while_other_ranks_pass() -> None:
+    queue = OutputQueue(limit_bytes=1000)
+    queue.put_lines(spec(0), "stdout", [b"x" * 900])
+    blocked = put_in_thread(queue, 0, [b"y" * 200])
+    blocked.join(0.3)
+    assert blocked.is_alive()  # rank 0 has no room: its reader waits (back-pressure)
+    other = put_in_thread(queue, 1, [b"z" * 200])
+    other.join(5)
+    assert not other.is_alive()  # rank 1's share is its own
+    item, dropped = queue.take()
+    assert isinstance(item, Lines) and item.lines == [b"x" * 900] and dropped == 0
+    blocked.join(5)
+    assert not blocked.is_alive()  # room again
+    taken = [queue.take()[0] for _ in range(2)]
+    assert sorted(i.lines[0][:1] for i in taken if isinstance(i, Lines)) == [b"y", b"z"]
+
+
+def test_a_batch_larger_than_the_limit_passes_alone() -> None:
+    queue = OutputQueue(limit_bytes=100)
+    thread = put_in_thread(queue, 0, [b"x" * 1000])
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_a_lossy_queue_drops_and_counts_instead_of_waiting() -> None:
+    queue = OutputQueue(limit_bytes=1000, lossy=True)
+    queue.put_lines(spec(0), "stdout", [b"x" * 900])
+    queue.put_lines(spec(0), "stdout", [b"a" * 200, b"b" * 200])  # returns at once
+    item, dropped = queue.take()
+    assert isinstance(item, Lines) and dropped == 2
+
+
+def test_states_never_wait_and_abandon_frees_a_waiting_reader() -> None:
+    queue = OutputQueue(limit_bytes=10)
+    queue.put_lines(spec(0), "stdout", [b"x" * 10])
+    blocked = put_in_thread(queue, 0, [b"y"])
+    queue.put_state(RankState(0, "h", "worker", 1, 0.0))  # the loop's post: no wait
+    queue.abandon()
+    blocked.join(5)
+    assert not blocked.is_alive()
+    assert queue.take() == (None, 0)
+
+
+class BlockingSink(RecordingSink):
+    """A terminal whose reader paused: every show waits until ``resume`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resume = threading.Event()
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        self.resume.wait()
+        super().show(spec, stream, lines)
+
+
+def test_a_paused_view_does_not_stall_the_kill_path() -> None:
+    clock = FakeClock()
+    many = [b"line %d\n" % i * 1000 for i in range(50)]  # more than the view's queue holds
+    transport = FakeTransport(
+        {0: ({"stdout": many}, None, False), 1: ({"stderr": [b"boom\n"]}, 3, False)}, clock
+    )
+    view = BlockingSink()
+    outlet = Outlet(view, limit_bytes=4096)
+    supervisor = Supervisor(
+        [spec(0), spec(1)],
+        transport,
+        outlet_fanout(outlet),
+        grace_s=5,
+        clock=clock,
+        handle_signals=False,
+    )
+    results: list[object] = []
+    runner = threading.Thread(target=lambda: results.append(supervisor.run()))
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not transport.started.get(0) or not transport.started[0].signals:
+        assert time.monotonic() < deadline, "rank 0 was never stopped while the view was paused"
+        time.sleep(0.01)
+    assert transport.started[0].signals == [signal.SIGTERM]
+    assert runner.is_alive()  # what is left is the view's to show
+    view.resume.set()
+    runner.join(10)
+    (result,) = results
+    assert result.exit_code == 3
+    shown = [line for rank, _, line in view.lines if rank == 0]
+    assert shown == [b"line %d" % i for i in range(50) for _ in range(1000)][: len(shown)]
+
+
+def outlet_fanout(outlet: Outlet) -> object:
+    from launcher.outlets import Fanout
+
+    return Fanout([outlet])
+
+
+class RaisingFrontend(RecordingFrontend):
+    def __init__(self) -> None:
+        super().__init__()
+
+        def broken(spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+            raise RuntimeError("the view has a bug")
+
+        self.sink.show = broken  # type: ignore[method-assign]
+
+
+def test_a_view_that_raises_does_not_end_the_job(tmp_path: Path) -> None:
+    clock = FakeClock()
+    transport = FakeTransport(
+        {0: ({"stdout": [b"a\n", b"b\n"]}, 0, False), 1: ({"stdout": [b"c\n"]}, 0, False)}, clock
+    )
+    frontend = RaisingFrontend()
+    config = JobConfig(command=("true",), placement=PlacementConfig(np=2), job_dir=str(tmp_path))
+    outcome = run_job(
+        config,
+        {"PATH": os.environ["PATH"]},
+        frontend,
+        survey=local_survey,
+        transports=lambda survey, config, environ: transport,
+        clock=clock,
+    )
+    assert isinstance(outcome, Finished) and outcome.result.exit_code == 0
+    assert transport.started[0].signals == []  # nobody was stopped for it
+    assert any(
+        "the terminal view failed" in n and "the view has a bug" in n for n in frontend.notices
+    )
+    (job,) = tmp_path.iterdir()
+    assert JobDir(job).status()["state"] == "succeeded"
+    assert JobDir(job).log_path(0).read_bytes().count(b" o ") == 2  # every line recorded
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+CHATTY = "if [ $RANK = 1 ]; then sleep 2; exit 3; fi; yes 'a line of output' "
+
+
+@pytest.fixture
+def start_unread() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Starts dtrain with a stdout pipe nobody reads (a paused terminal, `| less`); a dtrain
+    still there when the test ends is killed."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [*DTRAIN, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=child_env(),
+            cwd=REPO,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.timeout(120)
+def test_paused_reader_during_a_failure(
+    mark: str, start_unread: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    before = set(JOBS.iterdir())
+    proc = start_unread(
+        "run", "--plain", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", CHATTY
+    )
+    wait_for_pids(mark, 2)
+    peak = 0.0
+    deadline = time.monotonic() + 30
+    while marked_pids(mark):  # rank 1 fails after 2 s; rank 0 must be stopped, unread or not
+        assert time.monotonic() < deadline, "the ranks outlived a failure behind a paused reader"
+        peak = max(peak, rss_mib(proc.pid))
+        time.sleep(0.05)
+    assert proc.poll() is None  # still showing what rank 0 wrote, to a reader that waits
+    assert peak < 200, f"dtrain grew to {peak:.0f} MiB behind a paused reader"
+    out, err = proc.communicate(timeout=60)  # the reader resumes
+    assert proc.returncode == 3, err
+    assert b"dtrain: rank 1 on localhost failed (exit code 3)" in err
+    (job,) = set(JOBS.iterdir()) - before
+    assert JobDir(job).status()["state"] == "failed"
+    shown = out.count(b"[0] a line of output\n")
+    assert shown > 0 and shown == JobDir(job).log_path(0).read_bytes().count(b" o a line")
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_while_output_is_blocked(
+    mark: str, start_unread: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    proc = start_unread(
+        "run", "--plain", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", "yes"
+    )
+    wait_for_pids(mark, 2 * 2)
+    time.sleep(0.5)  # the pipe and the queues fill
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while marked_pids(mark) or proc.poll() is None:  # nobody ever reads: dtrain still ends
+        assert time.monotonic() < deadline, "SIGTERM did not end the job behind a paused reader"
+        time.sleep(0.05)
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
+def test_json_into_head_ends_the_view_not_the_job(mark: str) -> None:
+    before = set(JOBS.iterdir())
+    script = "for i in $(seq 300); do echo line $i; done; sleep 0.5; echo done"
+    command = (
+        " ".join(DTRAIN)
+        + f" run --json -np 2 -x DTRAIN_TEST_MARK={mark} sh -c '{script}' | head -1;"
+        + " echo status=${PIPESTATUS[0]} >&2"
+    )
+    result = subprocess.run(
+        ["bash", "-c", command],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        timeout=60,
+    )
+    assert result.stdout.count("\n") == 1 and '"text": "line 1"' in result.stdout
+    assert "status=0" in result.stderr
+    assert "Traceback" not in result.stderr and "Exception" not in result.stderr, result.stderr
+    (job,) = set(JOBS.iterdir()) - before
+    assert JobDir(job).status()["state"] == "succeeded"
+    assert JobDir(job).log_path(1).read_bytes().count(b" o ") == 301
