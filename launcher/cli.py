@@ -19,6 +19,7 @@ import click
 
 from launcher.config import (
     DEFAULT_GRACE_S,
+    DEFAULT_HOST_TIMEOUT_S,
     DEFAULT_SSH_TIMEOUT_S,
     JobConfig,
     MpiConfig,
@@ -99,6 +100,13 @@ ssh_options = stacked(
         "Connect timeout per host.",
         type=click.FloatRange(0.1),
         default=DEFAULT_SSH_TIMEOUT_S,
+        **SECONDS,
+    ),
+    option(
+        "--host-timeout host_timeout_s",
+        "A host whose agent is silent this long (it beats every 5 s at most) is lost.",
+        type=click.FloatRange(1),
+        default=DEFAULT_HOST_TIMEOUT_S,
         **SECONDS,
     ),
     option(

@@ -18,6 +18,7 @@ from launcher.errors import UsageError
 
 DEFAULT_GRACE_S = 5.0
 DEFAULT_SSH_TIMEOUT_S = 10.0
+DEFAULT_HOST_TIMEOUT_S = 30.0
 TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "time")
 MapBy = Literal["slot", "node"]
 Framework = Literal["tf", "torch"]
@@ -62,6 +63,7 @@ class SshConfig:
     identity: str | None = None
     timeout_s: float = DEFAULT_SSH_TIMEOUT_S
     accept_new_host_keys: bool = False
+    host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S  # a host silent this long is lost
 
     @property
     def customized(self) -> bool:

@@ -158,13 +158,19 @@ def format_failure(result: JobResult) -> list[str]:
     lines: list[str] = []
     failure = result.failure
     if failure is not None:
-        others = result.world_size - 1
         role = f" ({failure.role})" if failure.role != "worker" else ""
+        if failure.cause is not None:
+            what = f"failed ({failure.cause})"
+        elif failure.role == "ps" and failure.status == 0:
+            what = "exited (exit code 0) while the job ran: a ps task must not end"
+        else:
+            what = f"failed ({describe_status(failure.status)})"
+        who = f"rank {failure.rank}{role} on {failure.host}"
+        if failure.rank < 0:  # mpirun's own status, without its report of a rank
+            who, what = "mpirun", f"{what} and did not name the rank that failed"
         lines.append(
-            f"dtrain: rank {failure.rank}{role} on {failure.host} failed "
-            f"({describe_status(failure.status)}); "
-            f"stopped the other {others} rank{'s' if others != 1 else ''}; "
-            f"dtrain exits {result.exit_code}"
+            f"dtrain: {who} {what}; "
+            f"{describe_stopped(result, others=True)}; dtrain exits {result.exit_code}"
         )
         if failure.last_lines:
             lines.append(f"dtrain: last {failure.stream} lines of rank {failure.rank}:")
@@ -176,10 +182,27 @@ def format_failure(result: JobResult) -> list[str]:
 
         lines.append(
             f"dtrain: interrupted by {signal.Signals(result.interrupt).name}; "
-            f"stopped {result.world_size} rank{'s' if result.world_size != 1 else ''}; "
-            f"dtrain exits {result.exit_code}"
+            f"{describe_stopped(result, others=False)}; dtrain exits {result.exit_code}"
         )
     return lines
+
+
+def describe_stopped(result: JobResult, others: bool) -> str:
+    """How many ranks dtrain had to stop (the others had ended by themselves), and how."""
+    count = result.stopped
+    if count == 0:
+        return "no other rank was running" if others else "no rank was running"
+    plural = "s" if count != 1 else ""
+    if others and count == result.world_size - 1:
+        text = f"stopped the other {count} rank{plural}"
+    elif count == result.world_size:
+        text = f"stopped {count} rank{plural}"
+    else:
+        text = f"stopped the {count} rank{plural} still running"
+    if result.sigkilled:
+        text += f" ({result.sigkilled} with SIGKILL"
+        text += f" after the {result.grace_s:g} s grace)" if result.grace_s else ")"
+    return text
 
 
 def format_plan(entries: Sequence[Mapping[str, object]]) -> list[str]:

@@ -39,6 +39,8 @@ class Host:
 
 
 MAX_COUNT = 100_000  # more slots than any machine has; also keeps int() cheap
+MAX_HOSTNAME_CHARS = 253  # DNS limits
+MAX_LABEL_CHARS = 63
 
 # ASCII classes spelled out: \w and \d would let in Unicode letters and digits.
 # The first character may not be '-', so that a name never reads as an ssh option.
@@ -159,10 +161,21 @@ def _split_address(address: str, where: str) -> tuple[str | None, str, str | Non
 def _check_hostname(name: str, where: str) -> None:
     if not name:
         raise HostfileError(f"{where}: no host name", "write e.g. 'node1' or 'user@node1:4'")
+    if len(name) > MAX_HOSTNAME_CHARS:
+        raise HostfileError(
+            f"{where}: host name {_quote(name)} is longer than {MAX_HOSTNAME_CHARS} characters",
+            "check the name (DNS names have at most 253 characters)",
+        )
     if not _HOSTNAME.fullmatch(name):
         raise HostfileError(
             f"{where}: invalid host name {_quote(name)}",
             "use letters, digits, '.', '-' or '_'; put IPv6 addresses in brackets",
+        )
+    labels = name.rstrip(".").split(".")  # a trailing dot (fully qualified) is allowed
+    if any(not label or len(label) > MAX_LABEL_CHARS for label in labels):
+        raise HostfileError(
+            f"{where}: invalid host name {_quote(name)}: empty or over-long part between dots",
+            "write e.g. 'node1' or 'node1.cluster.example'",
         )
     if re.fullmatch(r"[0-9.]+", name) and not _is_ip(name, ipaddress.IPv4Address):
         raise HostfileError(
@@ -224,13 +237,15 @@ def _parse_gpus(text: str, where: str) -> tuple[str, ...]:
     """``0,1,2`` or ``GPU-<uuid>,...`` -> ids as written; no empty or repeated ids."""
     hint = "write GPU indexes or UUIDs separated by commas, e.g. 'gpus=0,1,2,3'"
     ids = tuple(text.split(","))
-    for position, gpu in enumerate(ids):
+    seen: set[str] = set()
+    for gpu in ids:
         if not gpu:
             raise HostfileError(f"{where}: empty GPU id in gpus={_quote(text)}", hint)
         if not _GPU_ID.fullmatch(gpu):
             raise HostfileError(f"{where}: invalid GPU id {_quote(gpu)}", hint)
-        if gpu in ids[:position]:
+        if gpu in seen:
             raise HostfileError(f"{where}: GPU id {_quote(gpu)} listed twice", "list each GPU once")
+        seen.add(gpu)
     return ids
 
 

@@ -306,7 +306,15 @@ def rank_specs(plan: Plan, template: LaunchSpec) -> dict[int, LaunchSpec]:
 
 
 def mpi_failure(result: JobResult, output: MpiOutput, plan: Plan) -> JobResult:
-    """Name the rank that mpirun reported as the first to fail, not mpirun itself."""
+    """The job's result in MPI ranks, not mpirun's: the rank that mpirun reported as the first
+    to fail, and when mpirun had to be stopped, the ranks it ran."""
+    stopping = plan.world_size - (result.failure is not None)
+    result = dataclasses.replace(
+        result,
+        world_size=plan.world_size,
+        stopped=stopping if result.stopped else 0,
+        sigkilled=stopping if result.sigkilled else 0,
+    )
     if result.failure is None:
         return result
     first = output.first_failure()

@@ -42,6 +42,7 @@ class RankReport:
     last_lines: tuple[str, ...]
     stream: Stream
     role: str = "worker"
+    cause: str | None = None  # what the launcher knows beyond the status (a lost host)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class JobResult:
     failure: RankReport | None = None
     interrupt: int | None = None
     statuses: dict[int, int | None] = field(default_factory=dict)
+    stopped: int = 0  # ranks that were still running and had to be stopped
+    sigkilled: int = 0  # ...of which had to be SIGKILLed (after the grace period, or Ctrl-C twice)
+    grace_s: float = 0.0
 
 
 class OutputSink(Protocol):
@@ -63,7 +67,10 @@ class OutputSink(Protocol):
 
 
 def build_rank_report(
-    spec: LaunchSpec, status: int, tails: Mapping[Stream, Sequence[bytes]]
+    spec: LaunchSpec,
+    status: int,
+    tails: Mapping[Stream, Sequence[bytes]],
+    cause: str | None = None,
 ) -> RankReport:
     """The failure report of one rank: its last stderr lines, or stdout when stderr is empty.
 
@@ -83,4 +90,5 @@ def build_rank_report(
         ),
         stream=stream,
         role=spec.role,
+        cause=cause,
     )

@@ -5,7 +5,8 @@ action it returns (DESIGN.md rule 3).  The rules:
 
 * all ranks exited 0 -> done, exit 0;
 * the first rank to exit non-zero (or die from a signal) fails the job: stop
-  the others and exit with its code (128 + N for signal N);
+  the others and exit with its code (128 + N for signal N); "first" by the time
+  it exited, not by when the news arrived;
 * the first SIGINT/SIGTERM to dtrain stops the job gracefully, a second one
   kills at once; the exit code is 128 + that signal.
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 class RankExited:
     rank: int
     status: int  # exit code, or -N for death by signal N
+    time: float = 0.0  # when it exited (the launcher's clock): the first failure is the earliest
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ Action = Continue | StopAll | KillAll | Finish | Restart
 class Failure:
     rank: int
     status: int
+    time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -133,9 +136,14 @@ def decide(state: JobState, event: Event) -> tuple[JobState, Action]:
         return decide_by_role(state, event)
     if isinstance(event, RankExited):
         state = replace(state, running=state.running - {event.rank})
+        failure = Failure(event.rank, event.status, event.time)
         if event.status != 0 and state.failure is None and not state.stopping:
-            state = replace(state, failure=Failure(event.rank, event.status), stopping=True)
+            state = replace(state, failure=failure, stopping=True)
             return state, (Finish(state.exit_code) if not state.running else StopAll())
+        if event.status != 0 and state.failure is not None and event.time < state.failure.time:
+            # Its news came later, but it failed first (before anything was stopped for the
+            # failure we knew of): it is the job's first failure.
+            state = replace(state, failure=failure)
         if not state.running:
             return state, Finish(state.exit_code)
         return state, Continue()

@@ -34,6 +34,7 @@ class StreamEnd:
 class Exit:
     run: RankRun
     status: int
+    time: float  # wall clock, the moment the status was known
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,14 @@ class RankRun:
         state: RankState,
         post: Callable[[Message], None],
         output: Fanout,
+        wall: Callable[[], float],
     ) -> None:
         self.spec = spec
         self.process = process
         self.state = state
         self.post = post
         self.output = output
+        self.wall = wall
         self.open_streams = len(STREAMS)
         self.status: int | None = None
         self.tails: dict[Stream, deque[bytes]] = {s: deque(maxlen=TAIL_LINES) for s in STREAMS}
@@ -83,7 +86,8 @@ class RankRun:
         self.post(StreamEnd(self))
 
     def wait(self) -> None:
-        self.post(Exit(self, self.process.wait()))
+        status = self.process.wait()
+        self.post(Exit(self, status, self.wall()))
 
     @property
     def running(self) -> bool:

@@ -69,7 +69,7 @@ def build_job_specs(
     the launcher's own environment (variables the user set there win over
     dtrain's NIC guesses).
     """
-    ports = PortPool(site.ports)
+    ports = PortPool(site)
     rank0 = plan.ranks[0].host.name
     master_port = config.placement.master_port or ports.take(rank0, DEFAULT_MASTER_PORT)
     tf_configs: dict[int, str] = {}
@@ -103,10 +103,21 @@ def build_job_specs(
 
 
 class PortPool:
-    """The free ports the survey found on each host, handed out once each."""
+    """The free ports the survey found on each machine, handed out once each.
 
-    def __init__(self, ports: Mapping[str, Sequence[int]]) -> None:
-        self.free: dict[str, Iterator[int]] = {name: iter(p) for name, p in ports.items()}
+    Every name of this machine (``localhost``, ``127.0.0.1``, its hostname) draws
+    from one pool: two names for one machine must not get the same port.
+    """
+
+    def __init__(self, site: Site) -> None:
+        self.free: dict[str, Iterator[int]] = {}
+        here: Iterator[int] | None = None
+        for name, ports in site.ports.items():
+            if site.local.get(name):
+                here = here or iter(ports)
+                self.free[name] = here
+            else:
+                self.free[name] = iter(ports)
 
     def take(self, host: str, fallback: int) -> int:
         """A free port of ``host``; ``fallback`` where none was found (dry runs, no probe)."""

@@ -94,6 +94,8 @@ class Supervisor:
         self.retired: list[RankRun] = []  # earlier runs of restarted ranks
         self.stop_requested = False
         self.killed = False
+        self.stopped: set[int] = set()  # ranks this supervisor had to signal
+        self.sigkilled: set[int] = set()  # ...and those it had to SIGKILL
 
     # -- the loop ---------------------------------------------------------
 
@@ -120,6 +122,9 @@ class Supervisor:
             failure=self.report(state.failure.rank) if state.failure else None,
             interrupt=state.interrupt,
             statuses={r: run.status for r, run in self.runs.items()},
+            stopped=len(self.stopped),
+            sigkilled=len(self.sigkilled),
+            grace_s=self.grace_s,
         )
 
     def on_signal(self, signum: int) -> None:
@@ -169,12 +174,15 @@ class Supervisor:
             return None
         self.record_exit(message)
         self.output.post_state(run.state)
-        return RankExited(run.spec.rank, message.status)
+        return RankExited(run.spec.rank, message.status, message.time)
 
     def record_exit(self, message: Exit) -> None:
         run = message.run
         run.status = message.status
-        run.state = replace(run.state, status=message.status, ended=self.clock.wall())
+        # A remote rank's pid is known once its agent started it: record it now.
+        run.state = replace(
+            run.state, status=message.status, ended=message.time, pid=run.process.pid
+        )
 
     def drain(self) -> None:
         """Let the readers hand on what the ranks wrote before they exited.
@@ -202,7 +210,8 @@ class Supervisor:
         state = RankState(
             spec.rank, spec.host.name, spec.role, process.pid, self.clock.wall(), restarts=restarts
         )
-        run = self.runs[spec.rank] = RankRun(spec, process, state, self.events.put, self.output)
+        run = RankRun(spec, process, state, self.events.put, self.output, self.clock.wall)
+        self.runs[spec.rank] = run
         self.output.post_state(state)
         run.watch(self.output_dir)
 
@@ -215,9 +224,12 @@ class Supervisor:
     def signal_running(self, signum: int) -> None:
         if signum == signal.SIGKILL:
             self.killed = True
-        for run in self.runs.values():
+        for rank, run in self.runs.items():
             if run.running:
                 run.process.signal(signum)
+                self.stopped.add(rank)
+                if signum == signal.SIGKILL:
+                    self.sigkilled.add(rank)
 
     def teardown(self) -> None:
         """SIGTERM, grace, SIGKILL for whatever still runs (after an error in the loop).
@@ -241,4 +253,4 @@ class Supervisor:
     def report(self, rank: int) -> RankReport:
         run = self.runs[rank]
         status = run.status if run.status is not None else -signal.SIGKILL
-        return build_rank_report(run.spec, status, run.tails)
+        return build_rank_report(run.spec, status, run.tails, run.process.cause)

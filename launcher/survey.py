@@ -177,7 +177,9 @@ def probe_remote_hosts(
             "path_prefix": environ.get("PATH"),
             "route_to": master,
         }
-        return HostAgent.open(survey.connections[name], sys.executable, args, config.ssh.timeout_s)
+        connection = survey.connections[name]
+        ssh = config.ssh
+        return HostAgent.open(connection, sys.executable, args, ssh.timeout_s, ssh.host_timeout_s)
 
     settings = ssh_settings(config.ssh)
     opened = run_parallel_all(list(survey.connections), open_agent, settings.fanout)

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -141,3 +141,35 @@ def ssh_hosts(ssh_hosts_session: TestHosts) -> TestHosts:
     if not ssh_hosts_session.started:
         ssh_hosts_session.start()
     return ssh_hosts_session
+
+
+@pytest.fixture
+def start_unread() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Starts dtrain with a stdout pipe nobody reads (a paused terminal, `| less`); a dtrain
+    still there when the test ends is killed."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [*DTRAIN, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=child_env(),
+            cwd=REPO,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0

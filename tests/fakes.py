@@ -50,7 +50,9 @@ class FakeClock:
 class FakeProcess:
     """Writes its script, then exits with ``status`` (or runs until signalled)."""
 
-    def __init__(self, spec: LaunchSpec, script: Script, clock: FakeClock | None = None) -> None:
+    def __init__(
+        self, spec: LaunchSpec, script: Script, clock: FakeClock | None = None, delay_s: float = 0
+    ) -> None:
         output, status, ignores_term = script
         self.spec = spec
         self.pid = 1000 + spec.rank
@@ -58,10 +60,15 @@ class FakeProcess:
         self.status = status
         self.ignores_term = ignores_term
         self.clock = clock
+        self.cause: str | None = None
         self.signals: list[int] = []
         self.signal_times: list[float] = []
         self.exited = threading.Event()
-        if status is not None:
+        if status is not None and delay_s:  # exits that much (real) time after its start
+            timer = threading.Timer(delay_s, self.exited.set)
+            timer.daemon = True
+            timer.start()
+        elif status is not None:
             self.exited.set()
 
     def read(self, stream: Stream, size: int) -> bytes:
@@ -86,14 +93,22 @@ class FakeProcess:
 
 
 class FakeTransport:
-    def __init__(self, scripts: dict[int, Script], clock: FakeClock | None = None) -> None:
+    def __init__(
+        self,
+        scripts: dict[int, Script],
+        clock: FakeClock | None = None,
+        delays: dict[int, float] | None = None,
+    ) -> None:
         self.scripts = scripts
         self.clock = clock
+        self.delays = delays or {}
         self.started: dict[int, FakeProcess] = {}
         self.closed = False
 
     def start(self, spec: LaunchSpec) -> FakeProcess:
-        process = FakeProcess(spec, self.scripts[spec.rank], self.clock)
+        process = FakeProcess(
+            spec, self.scripts[spec.rank], self.clock, self.delays.get(spec.rank, 0)
+        )
         self.started[spec.rank] = process
         return process
 

@@ -350,3 +350,28 @@ def test_rendered_hosts_parse_back(slots_by_name: dict[str, int]) -> None:
     assert parse_hostfile(openmpi) == expected
     assert parse_host_list(horovod) == expected
     assert parse_hostfile(bare) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a..b", "-H 'a..b': invalid host name 'a..b': empty or over-long part"),
+        (".a", "-H '.a': invalid host name '.a'"),
+        ("x" * 64 + ".b", "empty or over-long part between dots"),
+        ("n" * 300, "is longer than 253 characters"),
+    ],
+)
+def test_host_names_must_be_dns_shaped(text: str, message: str) -> None:
+    with pytest.raises(HostfileError) as caught:
+        parse_host_list(text)
+    assert message in caught.value.message
+
+
+def test_a_huge_name_or_gpu_list_is_answered_at_once() -> None:
+    with pytest.raises(HostfileError, match="longer than 253"):
+        parse_host_list("a" * 20_000_000)
+    gpus = ",".join(str(i) for i in range(200_000))
+    (host,) = parse_hostfile(f"node1 gpus={gpus}\n")
+    assert host.gpus is not None and len(host.gpus) == 200_000
+    with pytest.raises(HostfileError, match="listed twice"):
+        parse_hostfile(f"node1 gpus={gpus},5\n")

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from launcher.jobs import JobDir
 from launcher.outcome import RankState, Stream
 from launcher.outlets import Lines, Outlet, OutputQueue
 from launcher.supervisor import Supervisor
-from tests.conftest import DTRAIN, JOBS, REPO, child_env, marked_pids, wait_for_pids
+from tests.conftest import DTRAIN, JOBS, REPO, child_env, marked_pids, rss_mib, wait_for_pids
 from tests.fakes import FakeClock, FakeTransport, RecordingFrontend, RecordingSink
 from tests.test_job import local_survey
 
@@ -165,38 +165,7 @@ def test_a_view_that_raises_does_not_end_the_job(tmp_path: Path) -> None:
     assert JobDir(job).log_path(0).read_bytes().count(b" o ") == 2  # every line recorded
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 CHATTY = "if [ $RANK = 1 ]; then sleep 2; exit 3; fi; yes 'a line of output' "
-
-
-@pytest.fixture
-def start_unread() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Starts dtrain with a stdout pipe nobody reads (a paused terminal, `| less`); a dtrain
-    still there when the test ends is killed."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [*DTRAIN, *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=child_env(),
-            cwd=REPO,
-        )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
 
 
 @pytest.mark.timeout(120)

@@ -129,3 +129,14 @@ def test_without_restarts_the_chief_carries_on() -> None:
     state, actions = play_ps([RankExited(2, 1), RankExited(1, 0)])
     assert actions == [Continue(), Continue()]
     assert state.failure is None and not state.stopping
+
+
+def test_the_first_failure_is_the_earliest_not_the_first_reported() -> None:
+    state, actions = play(
+        3, [RankExited(2, 3, time=10.5), RankExited(0, 7, time=10.2), RankExited(1, -15, 11.0)]
+    )
+    assert state.failure == Failure(0, 7, 10.2) and state.exit_code == 7
+    assert actions[0] == StopAll()
+    # A rank stopped for the failure dies after it: it never takes the blame.
+    state, _ = play(2, [RankExited(0, 3, time=5.0), RankExited(1, -15, time=5.1)])
+    assert state.failure == Failure(0, 3, 5.0)

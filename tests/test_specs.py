@@ -145,3 +145,17 @@ def test_torch_parameter_server_has_no_tf_variables() -> None:
     specs = build_job_specs(plan, LOCAL, config, job_id="J", extra={}, environ={}, cwd="/w")
     assert all("TF_CONFIG" not in s.env and "GRPC_FAIL_FAST" not in s.env for s in specs)
     assert all(s.env["DTRAIN_NUM_PS"] == "1" and s.env_unset == () for s in specs)
+
+
+def test_two_names_of_this_machine_share_one_port_pool() -> None:
+    pool = [7000, 7001, 7002, 7003, 7004, 7005]
+    site = Site(
+        local={"localhost": True, "127.0.0.1": True},
+        ports={"localhost": pool, "127.0.0.1": pool},
+        addresses={"localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1"},
+    )
+    config = replace(CONFIG, env=EnvConfig(tf_config=True))
+    specs = build(config, site, [Host("localhost", slots=2), Host("127.0.0.1", slots=2)], 4)
+    workers = json.loads(specs[0].env["TF_CONFIG"])["cluster"]["worker"]
+    ports = [int(w.rsplit(":", 1)[1]) for w in workers] + [int(specs[0].env["MASTER_PORT"])]
+    assert sorted(ports) == pool[:5]  # five distinct ports: the rendezvous and four workers

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from tests.conftest import (
     marked_pids,
     py,
+    rss_mib,
     run_dtrain,
     start_dtrain,
     tagged,
@@ -261,7 +264,7 @@ def test_unknown_host_key_is_refused_then_trusted_on_request(
     refused = run_dtrain("run", "--ssh-config", str(config), "-H", "node3", "true")
     assert refused.returncode == 1
     assert "node3 (198.18.0.13): host key unknown" in refused.stderr
-    assert "ssh-keyscan -p 22 198.18.0.13 >> ~/.ssh/known_hosts" in refused.stderr
+    assert f"ssh-keyscan -p 22 198.18.0.13 >> {known_hosts}'" in refused.stderr
     trusted = run_dtrain(
         "run", "--ssh-config", str(config), "--accept-new-host-keys", "-H", "node3", "true"
     )
@@ -289,7 +292,27 @@ def test_changed_host_key_is_refused(ssh_hosts: TestHosts, tmp_path: Path) -> No
     )
     result = run_dtrain("run", "--ssh-config", str(config), "-H", "node1", "true")
     assert result.returncode == 1
-    assert "node1 (198.18.0.11): host key CHANGED" in result.stderr
+    assert f"node1 (198.18.0.11): host key CHANGED: it does not match {known_hosts}" in (
+        result.stderr
+    )
+    assert f"ssh-keygen -f {known_hosts} -R 198.18.0.11" in result.stderr
+
+
+def test_system_wide_known_hosts_are_trusted(ssh_hosts: TestHosts, tmp_path: Path) -> None:
+    """Clusters distribute host keys in /etc/ssh/ssh_known_hosts (GlobalKnownHostsFile)."""
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    lines = []
+    for line in ssh_hosts.ssh_config.read_text().splitlines():
+        if line.strip().lower().startswith("userknownhostsfile"):
+            system = line.split(None, 1)[1]
+            line = f"  UserKnownHostsFile {empty}\n  GlobalKnownHostsFile {system}"
+        lines.append(line)
+    config = tmp_path / "ssh_config"
+    config.write_text("\n".join(lines) + "\n")
+    result = run_dtrain("run", "--ssh-config", str(config), "-H", "node1", "true")
+    assert result.returncode == 0, result.stderr
+    assert empty.read_text() == ""  # nothing recorded: the key was known system-wide
 
 
 def test_missing_directory_or_program_on_a_host(ssh_hosts: TestHosts) -> None:
@@ -455,10 +478,42 @@ def test_proxy_jump_from_the_ssh_config(ssh_hosts: TestHosts, mark: str, tmp_pat
         "hidden-node2",
         "-x",
         f"DTRAIN_TEST_MARK={mark}",
-        "hostname",
+        "sh",
+        "-c",
+        'echo "$(hostname) from ${SSH_CONNECTION%% *}"',
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["[0] node2"]
+    # node2's sshd saw the connection come from node1: it went through the jump host.
+    assert result.stdout.splitlines() == ["[0] node2 from 198.18.0.11"]
+
+
+def test_proxy_jump_over_two_hosts(ssh_hosts: TestHosts, mark: str, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "Host far-node3\n  HostName 198.18.0.13\n  ProxyJump node1,node2\n\n"
+        + ssh_hosts.ssh_config.read_text()
+    )
+    result = run_dtrain(
+        "run",
+        "--ssh-config",
+        str(config),
+        "-H",
+        "far-node3",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        'echo "$(hostname) from ${SSH_CONNECTION%% *}"',
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[0] node3 from 198.18.0.12"]  # node1, then node2
+    broken = config.read_text().replace("ProxyJump node1,node2", "ProxyJump node1,nosuchhost")
+    config.write_text(broken)
+    failed = run_dtrain("run", "--ssh-config", str(config), "-H", "far-node3", "true")
+    assert failed.returncode == 1
+    assert failed.stderr.startswith(
+        "dtrain: error: nosuchhost: the jump host node1 cannot reach nosuchhost:22"
+    )
 
 
 def watchdog_of(pid: int) -> int:
@@ -491,4 +546,96 @@ def test_a_watchdog_killed_alone_fails_its_rank_and_leaves_nothing(
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGKILL, err
     assert "rank 1 on node2 failed (killed by SIGKILL)" in err
+    assert_nothing_left(ssh_hosts, mark)
+
+
+@pytest.fixture
+def chatty_login_shell(ssh_hosts: TestHosts) -> Iterator[None]:
+    """The test hosts' user's ~/.bashrc prints a banner, as many clusters' do (restored after)."""
+    rc = Path(pwd.getpwuid(os.geteuid()).pw_dir) / ".bashrc"
+    saved = rc.read_bytes() if rc.exists() else None
+    rc.write_bytes(b'echo "Welcome to $(hostname)! Your quota is fine."\n' + (saved or b""))
+    try:
+        yield
+    finally:
+        if saved is None:
+            rc.unlink()
+        else:
+            rc.write_bytes(saved)
+
+
+def test_a_login_shell_that_prints_does_not_break_the_agent(
+    ssh_hosts: TestHosts, chatty_login_shell: None
+) -> None:
+    banner = subprocess.run(
+        ["ssh", "-F", str(ssh_hosts.ssh_config), "node1", "true"], capture_output=True, text=True
+    )
+    assert "Welcome to node1" in banner.stdout  # the shell really prints on a command channel
+    result = run_dtrain("run", *ssh(ssh_hosts), "-H", "node1,node2", "sh", "-c", "echo ok $RANK")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[0@node1] ok 0", "[1@node2] ok 1"]
+
+
+def test_a_frozen_host_is_lost_within_the_host_timeout(ssh_hosts: TestHosts, mark: str) -> None:
+    proc = start_dtrain(
+        "run",
+        *ssh(ssh_hosts),
+        "--host-timeout",
+        "3",
+        "-H",
+        "node1,node2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "sleep 300 & wait",
+    )
+    wait_for_pids(mark, 4)
+    frozen = processes_in("node2")  # sshd, the agent, the watchdog, the rank: all of them
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        noticed_s = time.monotonic() - started
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 255, err
+    assert (
+        "rank 1 on node2 failed (no word from the agent on node2 for 3 s: the host is frozen "
+        "or cut off); stopped the other 1 rank" in err
+    ), err
+    assert noticed_s < 20, noticed_s  # 3 s of silence, not TCP's 15 minutes
+    assert_nothing_left(ssh_hosts, mark)  # thawed, node2's agent finds its launcher gone
+
+
+@pytest.mark.timeout(120)
+def test_paused_reader_does_not_stall_remote_teardown(
+    ssh_hosts: TestHosts, mark: str, start_unread: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    proc = start_unread(
+        "run",
+        *ssh(ssh_hosts),
+        "--plain",
+        "-H",
+        "node1,node2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        "if [ $RANK = 1 ]; then sleep 3; exit 3; fi; yes 'a line of output'",
+    )
+    wait_for_pids(mark, 2)
+    peak = 0.0
+    deadline = time.monotonic() + 30
+    while marked_pids(mark):  # node2's rank fails; node1's, blocked on output, must go too
+        assert time.monotonic() < deadline, "remote ranks outlived a failure behind a paused reader"
+        peak = max(peak, rss_mib(proc.pid))
+        time.sleep(0.05)
+    assert peak < 200, f"dtrain grew to {peak:.0f} MiB behind a paused reader"
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert b"rank 1 on node2 failed (exit code 3)" in err
+    assert out.count(b"[0@node1] a line of output\n") > 0
     assert_nothing_left(ssh_hosts, mark)

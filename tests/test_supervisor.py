@@ -18,10 +18,10 @@ def specs(count: int) -> list[LaunchSpec]:
 
 
 def supervise(
-    plans: dict[int, Script], grace_s: float = 5.0
+    plans: dict[int, Script], grace_s: float = 5.0, delays: dict[int, float] | None = None
 ) -> tuple[JobResult, FakeTransport, RecordingSink]:
     clock = FakeClock()
-    transport, sink = FakeTransport(plans, clock), RecordingSink()
+    transport, sink = FakeTransport(plans, clock, delays), RecordingSink()
     result = Supervisor(
         specs(len(plans)), transport, sink, grace_s=grace_s, handle_signals=False, clock=clock
     ).run()
@@ -129,3 +129,19 @@ def test_report_keeps_progress_bars_final_state_and_says_no_output() -> None:
     from launcher.console import format_failure
 
     assert format_failure(silent)[1] == "dtrain: rank 0 wrote nothing (no output)"
+
+
+def test_summary_counts_the_ranks_actually_stopped() -> None:
+    from launcher.console import format_failure
+
+    # Ranks 0 and 2 had ended well before rank 1 failed: only rank 3 was stopped.
+    result, _, _ = supervise(
+        {0: ({}, 0, False), 1: ({}, 4, False), 2: ({}, 0, False), 3: ({}, None, False)},
+        delays={1: 0.5},
+    )
+    assert result.stopped == 1 and result.sigkilled == 0
+    assert format_failure(result)[0] == (
+        "dtrain: rank 1 on h failed (exit code 4); stopped the 1 rank still running; dtrain exits 4"
+    )
+    alone, _, _ = supervise({0: ({}, 0, False), 1: ({}, 4, False)}, delays={1: 0.5})
+    assert "no other rank was running" in format_failure(alone)[0]

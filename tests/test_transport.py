@@ -78,3 +78,30 @@ def test_a_killed_watchdog_takes_its_rank_along() -> None:
     while group_members(process.pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert group_members(process.pid) == []
+
+
+class ScriptedChannel:
+    """What an agent's channel delivers: these bytes, in chunks of ``size``."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data = data
+        self.size = size
+        self.closed = False
+
+    def recv(self, limit: int) -> bytes:
+        chunk, self.data = self.data[: min(limit, self.size)], self.data[min(limit, self.size) :]
+        return chunk
+
+
+def test_agent_frames_are_taken_whole_whatever_the_chunks() -> None:
+    from launcher.remote import agent
+    from launcher.transport.ssh import HostAgent
+
+    frames = [agent.encode(i % 7, agent.STDOUT, b"x" * (i % 50)) for i in range(100_000)]
+    preamble = b"Welcome! (a login shell's banner)\n"
+    channel = ScriptedChannel(preamble + agent.START_MARK + b"".join(frames), 1 << 18)
+    host = HostAgent(connection=None, channel=channel)  # type: ignore[arg-type]
+    host.skip_to_start()
+    got = [host.next_frame() for _ in range(len(frames))]
+    assert got == [(i % 7, agent.STDOUT, b"x" * (i % 50)) for i in range(100_000)]
+    assert channel.data == b""

@@ -9,9 +9,14 @@ watchdog's stdin, and each ends its rank as it would for a lost launcher.
 
 Frames, both ways: ``!IBI`` header (run, kind, length), then the payload; a
 run is one start of one rank (a restarted rank is a new run), numbered by
-the launcher.  The launcher also sends a heartbeat: an agent that hears
-nothing for ``SILENCE_S`` takes the launcher for dead (a crashed machine or a
-cut network closes no channel) and drops the lifeline.
+the launcher.  Both ends send heartbeats: an agent that hears nothing for
+``SILENCE_S`` takes the launcher for dead (a crashed machine or a cut network
+closes no channel) and drops the lifeline; a launcher that hears nothing from
+an agent for its host timeout takes the host for lost (a frozen host still
+acknowledges TCP).  Output is flow-controlled per run: the agent sends at most
+``WINDOW_BYTES`` of a rank's output beyond what the launcher has taken (it
+returns CREDIT as it takes), and stops reading that rank's pipes until then,
+so a slow terminal slows that rank alone and never holds up other frames.
 Stdlib only and self-contained, like the watchdog.
 """
 
@@ -28,9 +33,14 @@ HEADER = struct.Struct("!IBI")
 # agent -> launcher
 STDOUT, STDERR, EXITED, PROBED, STARTED, FAILED, STDOUT_END, STDERR_END, STATUS = range(9)
 # launcher -> agent
-START, SIGNAL, HEARTBEAT = 100, 101, 102
+START, SIGNAL, HEARTBEAT, CREDIT = 100, 101, 102, 103
 NO_RUN = 0xFFFFFFFF
+# Written before the first frame: what a login shell's rc files print comes before it and is
+# skipped by the launcher.
+START_MARK = b"\0dtrain-agent-frames\0"
 SILENCE_S = 45.0
+HEARTBEAT_S = 5.0  # how often the agent says it lives (unless its config says otherwise)
+WINDOW_BYTES = 2 << 20  # a run's output in flight to the launcher, at most
 
 
 def encode(rank: int, kind: int, payload: bytes) -> bytes:
@@ -44,7 +54,12 @@ class Agent:
         self.children: dict[int, subprocess.Popen] = {}  # type: ignore[type-arg]
         self.open_pipes: dict[int, int] = {}
         self.reported: set[int] = set()  # runs whose watchdog reported the program's status
-        self.inbox = b""
+        self.outputs: dict[int, dict[Any, tuple[int, int | None]]] = {}  # open output pipes
+        self.credit: dict[int, int] = {}  # bytes a run may still send before it waits
+        self.paused: set[int] = set()  # runs waiting for credit (their pipes unregistered)
+        self.beaten = time.monotonic()
+        self.heartbeat_s = float(config.get("heartbeat_s", HEARTBEAT_S))
+        self.inbox = bytearray()
         self.lifeline_open = True
         self.heard = time.monotonic()
 
@@ -78,11 +93,12 @@ class Agent:
         self.children[rank] = child
         self.open_pipes[rank] = 3
         status = os.fdopen(status_read, "rb", buffering=0)
-        for pipe, kinds in (
-            (child.stdout, (STDOUT, STDOUT_END)),
-            (child.stderr, (STDERR, STDERR_END)),
-            (status, (STATUS, None)),
-        ):
+        self.credit[rank] = WINDOW_BYTES
+        self.outputs[rank] = {
+            child.stdout: (STDOUT, STDOUT_END),
+            child.stderr: (STDERR, STDERR_END),
+        }
+        for pipe, kinds in (*self.outputs[rank].items(), (status, (STATUS, None))):
             os.set_blocking(pipe.fileno(), False)
             self.selector.register(pipe, selectors.EVENT_READ, (rank, kinds))
         self.send(rank, STARTED, str(child.pid).encode())
@@ -90,30 +106,46 @@ class Agent:
     def handle_control(self, data: bytes) -> None:
         self.heard = time.monotonic()
         self.inbox += data
-        while len(self.inbox) >= HEADER.size:
-            rank, kind, length = HEADER.unpack_from(self.inbox)
-            if len(self.inbox) < HEADER.size + length:
-                return
-            payload = self.inbox[HEADER.size : HEADER.size + length]
-            self.inbox = self.inbox[HEADER.size + length :]
-            if kind == START:
+        offset = 0
+        while len(self.inbox) - offset >= HEADER.size:
+            rank, kind, length = HEADER.unpack_from(self.inbox, offset)
+            if len(self.inbox) - offset < HEADER.size + length:
+                break
+            payload = bytes(self.inbox[offset + HEADER.size : offset + HEADER.size + length])
+            offset += HEADER.size + length
+            self.handle_frame(rank, kind, payload)
+        del self.inbox[:offset]  # once per read, not once per frame
+
+    def handle_frame(self, rank: int, kind: int, payload: bytes) -> None:
+        if kind == START:
+            try:
+                self.start(rank, json.loads(payload))
+            except OSError as exc:
+                self.send(rank, FAILED, str(exc).encode())
+        elif kind == CREDIT and rank in self.credit:
+            self.credit[rank] += int(payload)
+            if rank in self.paused and self.credit[rank] > 0:
+                self.paused.discard(rank)
+                for pipe, kinds in self.outputs[rank].items():
+                    self.selector.register(pipe, selectors.EVENT_READ, (rank, kinds))
+        elif kind == SIGNAL and rank in self.children:
+            child = self.children[rank]
+            if child.poll() is None and child.stdin is not None:
                 try:
-                    self.start(rank, json.loads(payload))
-                except OSError as exc:
-                    self.send(rank, FAILED, str(exc).encode())
-            elif kind == SIGNAL and rank in self.children:
-                child = self.children[rank]
-                if child.poll() is None and child.stdin is not None:
-                    try:
-                        child.stdin.write(payload + b"\n")
-                        child.stdin.flush()
-                    except OSError:
-                        pass
+                    child.stdin.write(payload + b"\n")
+                    child.stdin.flush()
+                except OSError:
+                    pass
 
     def drop_lifeline(self) -> None:
         """The launcher is gone: every watchdog sees its stdin close and ends its rank."""
         self.lifeline_open = False
         self.selector.unregister(0)
+        for rank in self.paused:  # nobody will return credit: read on, so ends are seen
+            for pipe, kinds in self.outputs[rank].items():
+                self.selector.register(pipe, selectors.EVENT_READ, (rank, kinds))
+            self.credit[rank] = 1 << 62
+        self.paused.clear()
         for child in self.children.values():
             if child.stdin is not None:
                 try:
@@ -130,9 +162,12 @@ class Agent:
             self.send(rank, kinds[0], data)
             if kinds[1] is None:
                 self.reported.add(rank)
+            else:
+                self.spend(rank, len(data))
             return
         self.selector.unregister(pipe)
         if kinds[1] is not None:
+            del self.outputs[rank][pipe]
             self.send(rank, kinds[1], b"")
         else:
             pipe.close()
@@ -154,13 +189,25 @@ class Agent:
                 except OSError:
                     pass
 
+    def spend(self, rank: int, size: int) -> None:
+        """Count sent output; out of credit, stop reading the rank's pipes (it will wait)."""
+        self.credit[rank] -= size
+        if self.credit[rank] <= 0 and rank not in self.paused:
+            self.paused.add(rank)
+            for pipe in self.outputs[rank]:
+                self.selector.unregister(pipe)
+
     def run(self) -> None:
         os.set_blocking(0, False)
         self.selector.register(0, selectors.EVENT_READ, None)
         while self.lifeline_open or any(self.open_pipes.values()):
-            if self.lifeline_open and time.monotonic() - self.heard > SILENCE_S:
+            now = time.monotonic()
+            if self.lifeline_open and now - self.heard > SILENCE_S:
                 self.drop_lifeline()
-            for key, _ in self.selector.select(timeout=1.0):
+            if now - self.beaten >= self.heartbeat_s:
+                self.beaten = now
+                self.send(NO_RUN, HEARTBEAT, b"")
+            for key, _ in self.selector.select(timeout=min(1.0, self.heartbeat_s)):
                 if key.data is None:
                     try:
                         data = os.read(0, 65536)
@@ -182,6 +229,7 @@ def main() -> None:
     exec(compile(config["probe_source"], "dtrain-probe", "exec"), namespace)
     report = namespace["probe"](config["probe"])
     agent = Agent(config)
+    os.write(1, START_MARK)
     agent.send(NO_RUN, PROBED, json.dumps(report).encode())
     agent.run()
 

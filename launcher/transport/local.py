@@ -39,6 +39,7 @@ class LocalProcess:
         self.files: dict[Stream, IO[bytes]] = {"stdout": popen.stdout, "stderr": popen.stderr}
         self.lifeline = popen.stdin
         self.status_fd = status_fd  # the watchdog's report: the program's status, out of band
+        self.cause: str | None = None
 
     def read(self, stream: Stream, size: int) -> bytes:
         file = self.files[stream]

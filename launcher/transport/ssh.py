@@ -38,8 +38,11 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
 KEEPALIVE_S = 15
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"  # ssh's defaults
 DEFAULT_FANOUT = 32
 HEARTBEAT_S = 5.0  # the agent drops the lifeline after agent.SILENCE_S without one
+DEFAULT_HOST_TIMEOUT_S = 30.0  # an agent silent this long is a lost host
+MAX_PREAMBLE_BYTES = 1 << 20  # what a login shell may print before the agent's frames
 TCP_USER_TIMEOUT_MS = 30_000  # a host that stops acknowledging is given up after this
 WATCHDOG_SOURCE = remote.source("watchdog")
 PROBE_SOURCE = remote.source("probe")
@@ -69,7 +72,8 @@ class SshTarget:
     identities: tuple[str, ...] = ()
     proxy_jump: str | None = None
     proxy_command: str | None = None
-    known_hosts: tuple[str, ...] = ()
+    known_hosts: tuple[str, ...] = ()  # the user's (UserKnownHostsFile): new keys go to the first
+    global_known_hosts: tuple[str, ...] = ()  # the system's (GlobalKnownHostsFile), read only
     accept_new: bool = False
 
 
@@ -95,6 +99,7 @@ def resolve_target(host: Host, settings: SshSettings, config: paramiko.SSHConfig
     identities = [settings.identity] if settings.identity else []
     identities += [str(Path(p).expanduser()) for p in entry.get("identityfile", [])]
     known = entry.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2")
+    system = entry.get("globalknownhostsfile", GLOBAL_KNOWN_HOSTS)
     strict = str(entry.get("stricthostkeychecking", "")).lower()
     return SshTarget(
         alias=host.name,
@@ -105,6 +110,7 @@ def resolve_target(host: Host, settings: SshSettings, config: paramiko.SSHConfig
         proxy_jump=entry.get("proxyjump"),
         proxy_command=entry.get("proxycommand"),
         known_hosts=tuple(str(Path(p).expanduser()) for p in known.split()),
+        global_known_hosts=tuple(system.split()),
         accept_new=settings.accept_new_host_keys or strict in ("accept-new", "no", "off"),
     )
 
@@ -198,7 +204,14 @@ class SshConnection:
                 f"{self.host.name}: no answer from a command within {timeout_s:g}s",
                 "check the host's load, or raise --ssh-timeout",
             ) from None
-        status = channel.recv_exit_status()
+        if not channel.status_event.wait(timeout_s):  # recv_exit_status() would wait forever
+            channel.close()
+            raise HostConnectionError(
+                f"{self.host.name}: a command's output ended but its exit status did not come "
+                f"within {timeout_s:g}s",
+                "check the host's load, or raise --ssh-timeout",
+            )
+        status = channel.exit_status
         channel.close()
         return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
@@ -252,15 +265,27 @@ def drain(read: Callable[[int], bytes], ready: Callable[[], bool]) -> bytes:
     return bytes(data)
 
 
-def connect(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> SshConnection:
-    """Connect and authenticate, or raise one HostConnectionError naming the host and cause."""
+def connect(
+    host: Host,
+    settings: SshSettings,
+    config: paramiko.SSHConfig,
+    via: SshConnection | None = None,
+) -> SshConnection:
+    """Connect and authenticate, or raise one HostConnectionError naming the host and cause.
+
+    ``via``: reach the host through this connection (a jump host), whatever its config says;
+    the new connection owns it from then on.
+    """
     target = resolve_target(host, settings, config)
     where = f"{host.name}" if target.hostname == host.name else f"{host.name} ({target.hostname})"
-    jump: SshConnection | None = None
+    jump: SshConnection | None = via
     try:
-        jump, sock = open_proxy(target, where, settings, config)
+        if via is not None:
+            sock: Any = tunnel(via, target, settings)
+        else:
+            jump, sock = open_proxy(target, settings, config)
         client = paramiko.SSHClient()
-        for path in target.known_hosts:
+        for path in (*target.global_known_hosts, *target.known_hosts):
             if Path(path).is_file():
                 client.load_system_host_keys(path)
         client.set_missing_host_key_policy(HostKeyPolicy(target))
@@ -289,54 +314,72 @@ def connect(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> Ss
 
 
 def open_proxy(
-    target: SshTarget, where: str, settings: SshSettings, config: paramiko.SSHConfig
+    target: SshTarget, settings: SshSettings, config: paramiko.SSHConfig
 ) -> tuple[SshConnection | None, Any]:
-    """The jump host's connection and the channel through it (ProxyJump), or a ProxyCommand."""
+    """The last jump host's connection and a channel through it to the target (ProxyJump
+    ``a,b``: a first, b through a, the target through b), or a ProxyCommand."""
     if target.proxy_jump and target.proxy_jump.lower() != "none":
-        hops = target.proxy_jump.split(",")
-        if len(hops) > 1:
-            raise HostConnectionError(
-                f"{where}: ProxyJump {target.proxy_jump}: only one jump host is supported",
-                "chain the jumps in the jump host's own ProxyJump entry instead",
-            )
-        jump_user, _, jump_address = hops[0].strip().rpartition("@")
-        jump_name, jump_port = split_host_port(jump_address)
-        jump_settings = replace(settings, port=jump_port) if jump_port else settings
-        jump = connect(Host(jump_name, user=jump_user or None), jump_settings, config)
-        jump_transport = jump.client.get_transport()
-        assert jump_transport is not None
+        hops = [jump_host(hop, settings) for hop in target.proxy_jump.split(",")]
+        first, first_settings = hops[0]
+        jump = connect(first, first_settings, config)
         try:
-            channel = jump_transport.open_channel(
-                "direct-tcpip",
-                (target.hostname, target.port),
-                ("127.0.0.1", 0),
-                timeout=settings.timeout_s,
-            )
+            for hop, hop_settings in hops[1:]:
+                jump = connect(hop, hop_settings, config, via=jump)
+            return jump, tunnel(jump, target, settings)
         except BaseException:
-            jump.close()
+            jump.close()  # the whole chain: each connection closes the one it went through
             raise
-        return jump, channel
     if target.proxy_command:
         return None, paramiko.ProxyCommand(target.proxy_command)
     return None, None
+
+
+def jump_host(text: str, settings: SshSettings) -> tuple[Host, SshSettings]:
+    """``[user@]host[:port]`` of a ProxyJump list."""
+    user, _, address = text.strip().rpartition("@")
+    name, port = split_host_port(address)
+    return Host(name, user=user or None), replace(settings, port=port) if port else settings
+
+
+def tunnel(jump: SshConnection, target: SshTarget, settings: SshSettings) -> paramiko.Channel:
+    """A TCP channel through ``jump`` to the target's SSH port."""
+    transport = jump.client.get_transport()
+    if transport is None or not transport.is_active():
+        raise HostConnectionError(f"{jump.host.name}: the SSH connection was lost")
+    try:
+        return transport.open_channel(
+            "direct-tcpip",
+            (target.hostname, target.port),
+            ("127.0.0.1", 0),
+            timeout=settings.timeout_s,
+        )
+    except paramiko.ChannelException as exc:
+        raise HostConnectionError(
+            f"{target.alias}: the jump host {jump.host.name} cannot reach "
+            f"{target.hostname}:{target.port} ({exc.text or exc})",
+            f"check the name and port, and that {jump.host.name} can reach it (ProxyJump)",
+        ) from None
 
 
 def connect_error(
     exc: BaseException, target: SshTarget, where: str, settings: SshSettings
 ) -> HostConnectionError:
     """What went wrong while connecting, in one line with a way out."""
+    user_file = target.known_hosts[0] if target.known_hosts else "~/.ssh/known_hosts"
     if isinstance(exc, UnknownHostKeyError):
+        files = (*target.known_hosts, *target.global_known_hosts)
         return HostConnectionError(
             f"{where}: host key unknown ({exc.hostname} is not in "
-            f"{', '.join(target.known_hosts) or 'known_hosts'})",
+            f"{', '.join(files) or 'known_hosts'})",
             f"check it, then 'ssh-keyscan -p {target.port} {target.hostname} "
-            ">> ~/.ssh/known_hosts', or pass --accept-new-host-keys to trust and record it",
+            f">> {user_file}', or pass --accept-new-host-keys to trust and record it",
         )
     if isinstance(exc, paramiko.BadHostKeyException):
         return HostConnectionError(
-            f"{where}: host key CHANGED: it does not match known_hosts (a reinstalled host, "
+            f"{where}: host key CHANGED: it does not match {user_file} (a reinstalled host, "
             "or someone in between)",
-            f"if the change is expected, 'ssh-keygen -R {target.hostname}' and connect again",
+            f"if the change is expected, 'ssh-keygen -f {user_file} -R {target.hostname}' "
+            "and connect again",
         )
     if isinstance(exc, paramiko.AuthenticationException):
         return HostConnectionError(
@@ -470,12 +513,21 @@ class HostAgent:
     per host, not once per rank, and the probe shares the same channel.
     """
 
-    def __init__(self, connection: SshConnection, channel: paramiko.Channel) -> None:
+    def __init__(
+        self,
+        connection: SshConnection,
+        channel: paramiko.Channel,
+        silence_s: float = DEFAULT_HOST_TIMEOUT_S,
+    ) -> None:
         self.connection = connection
         self.channel = channel
+        self.silence_s = silence_s  # an agent silent this long is lost (frozen, cut off)
+        self.heard = time.monotonic()  # the last frame from the agent
+        self.lost_cause: str | None = None
         self.lock = threading.Lock()
         self.processes: dict[int, AgentProcess] = {}  # by run id
-        self.buffer = b""
+        self.buffer = bytearray()  # received, not yet taken: from self.offset on
+        self.offset = 0
         self.runs = 0
 
     @classmethod
@@ -485,6 +537,7 @@ class HostAgent:
         python: str,
         probe_args: Mapping[str, object],
         timeout_s: float,
+        silence_s: float = DEFAULT_HOST_TIMEOUT_S,
     ) -> tuple[HostAgent, HostReport]:
         """Start the agent, wait for its probe report, then serve the ranks."""
         name = connection.host.name
@@ -494,6 +547,8 @@ class HostAgent:
             "probe_source": PROBE_SOURCE,
             "watchdog": WATCHDOG_SOURCE,
             "bootstrap": watchdog.BOOTSTRAP,
+            # Beat often enough that a healthy agent is never silent for the host timeout.
+            "heartbeat_s": min(agent.HEARTBEAT_S, silence_s / 4),
         }
         channel = None
         try:
@@ -502,7 +557,8 @@ class HostAgent:
                 watchdog.frame(AGENT_SOURCE) + watchdog.frame(json.dumps(config).encode())
             )
             channel.settimeout(timeout_s)
-            host = cls(connection, channel)
+            host = cls(connection, channel, silence_s)
+            host.skip_to_start()
             _, kind, payload = host.next_frame()
         except TimeoutError:
             raise HostConnectionError(
@@ -526,24 +582,58 @@ class HostAgent:
         threading.Thread(target=host.beat, daemon=True).start()
         return host, report_from(json.loads(payload))
 
+    def skip_to_start(self) -> None:
+        """Skip what the login shell printed before the agent started (rc files' banners)."""
+        while True:
+            start = self.buffer.find(agent.START_MARK)
+            if start >= 0:
+                del self.buffer[: start + len(agent.START_MARK)]
+                return
+            if len(self.buffer) > MAX_PREAMBLE_BYTES:
+                shown = self.buffer[:200].decode("utf-8", "replace").strip()
+                raise HostConnectionError(
+                    f"{self.connection.host.name}: the login shell printed more than "
+                    f"{MAX_PREAMBLE_BYTES} bytes before dtrain's agent started: {shown!r}",
+                    "make the shell's rc files (~/.bashrc...) quiet for non-interactive shells",
+                )
+            chunk = self.channel.recv(1 << 16)
+            if not chunk:
+                raise EOFError
+            self.buffer += chunk
+
     def beat(self) -> None:
-        """Tell the agent the launcher lives, until the channel closes."""
+        """Tell the agent the launcher lives, and give the host up when its agent falls
+        silent (its heartbeats come every agent.HEARTBEAT_S), until the channel closes."""
         while not self.channel.closed:
+            silent_s = time.monotonic() - self.heard
+            if silent_s > self.silence_s:
+                self.lost_cause = (
+                    f"no word from the agent on {self.connection.host.name} for "
+                    f"{self.silence_s:g} s: the host is frozen or cut off"
+                )
+                self.channel.close()  # the demultiplexer ends every rank of the host as lost
+                return
             try:
                 self.send(agent.NO_RUN, agent.HEARTBEAT, b"")
             except (OSError, paramiko.SSHException):
                 return
-            time.sleep(HEARTBEAT_S)
+            time.sleep(min(HEARTBEAT_S, self.silence_s / 4))
 
     def next_frame(self) -> tuple[int, int, bytes]:
         """The next frame from the agent; EOFError when the channel ends."""
         size = agent.HEADER.size
         while True:
-            if len(self.buffer) >= size:
-                rank, kind, length = agent.HEADER.unpack_from(self.buffer)
-                if len(self.buffer) >= size + length:
-                    payload = self.buffer[size : size + length]
-                    self.buffer = self.buffer[size + length :]
+            available = len(self.buffer) - self.offset
+            if available >= size:
+                rank, kind, length = agent.HEADER.unpack_from(self.buffer, self.offset)
+                if available >= size + length:
+                    start = self.offset + size
+                    payload = bytes(self.buffer[start : start + length])
+                    self.offset = start + length
+                    self.heard = time.monotonic()
+                    if self.offset * 2 >= len(self.buffer):  # amortized: each byte moves once
+                        del self.buffer[: self.offset]
+                        self.offset = 0
                     return rank, kind, payload
             chunk = self.channel.recv(1 << 18)
             if not chunk:
@@ -560,8 +650,9 @@ class HostAgent:
                     process.receive(kind, payload)
         except (EOFError, OSError, paramiko.SSHException):
             pass
+        cause = self.lost_cause or f"the connection to {self.connection.host.name} was lost"
         for process in self.processes.values():
-            process.lost()
+            process.lost(cause)
 
     def send(self, rank: int, kind: int, payload: bytes) -> None:
         with self.lock:
@@ -604,12 +695,15 @@ class AgentProcess:
             "stderr": queue.SimpleQueue(),
         }
         self.ended: set[Stream] = set()
+        self.taken = 0  # output bytes read since credit was last returned to the agent
+        self.taken_lock = threading.Lock()
         self.report = b""  # the watchdog's report of the program's status (STATUS frames)
         self.status: int | None = None
         self.settled = threading.Event()  # the status is known, or the rank is gone without one
         self.exited = threading.Event()
         self.code: int | None = None
         self.killed = False
+        self.cause: str | None = None
 
     def receive(self, kind: int, payload: bytes) -> None:
         if kind in (agent.STDOUT, agent.STDERR):
@@ -637,9 +731,11 @@ class AgentProcess:
         self.exited.set()
         self.settled.set()
 
-    def lost(self) -> None:
-        """The connection to the host ended before the rank did."""
+    def lost(self, cause: str) -> None:
+        """The connection to the host ended (or was given up) before the rank did."""
         if not self.exited.is_set():
+            if not self.killed:
+                self.cause = cause
             self.finish(-signal.SIGKILL if self.killed else 255)
 
     def read(self, stream: Stream, size: int) -> bytes:
@@ -648,7 +744,21 @@ class AgentProcess:
         data = self.queues[stream].get()
         if not data:
             self.ended.add(stream)
+        else:
+            self.give_credit(len(data))
         return data
+
+    def give_credit(self, size: int) -> None:
+        """Let the agent send what was taken again (a quarter window at a time)."""
+        with self.taken_lock:
+            self.taken += size
+            if self.taken < agent.WINDOW_BYTES // 4:
+                return
+            credit, self.taken = self.taken, 0
+        try:
+            self.host.send(self.run, agent.CREDIT, str(credit).encode())
+        except (OSError, paramiko.SSHException):
+            pass
 
     def wait(self) -> int:
         # The status comes the moment the program exits (before its leftovers are ended):
