@@ -28,7 +28,7 @@ from launcher.jobs import (
     find_job,
     new_job_id,
     open_private,
-    pid_alive,
+    process_start,
     write_json,
 )
 
@@ -92,6 +92,7 @@ def write_starting(job: JobDir, pid: int) -> None:
             "id": job.id,
             "state": "starting",
             "launcher_pid": pid,
+            "launcher_start": process_start(pid),
             "launcher_host": socket.gethostname(),
             "ranks": {},
         },
@@ -113,10 +114,10 @@ def take_launch_file(path: str) -> JobConfig:
 def stop_job(root: Path, wanted: str) -> str:
     """Stop a running job (its launcher tears it down); returns what happened, in words."""
     found = find_job(root, wanted)
-    state = found.state()
+    status = found.status()
+    state = found.state()  # "lost" when the recorded pid now names another process
     if state != "running":
         raise UsageError(f"job {found.id} is not running ({state})", "see dtrain jobs")
-    status = found.status()
     pid = int(status.get("launcher_pid", 0))
     host = status.get("launcher_host")
     if host and host != socket.gethostname():
@@ -130,9 +131,9 @@ def stop_job(root: Path, wanted: str) -> str:
         return f"dtrain: job {found.id} had already ended"
     grace = float(found.meta().get("grace_s", DEFAULT_GRACE_S))
     deadline = time.monotonic() + grace + STOP_EXTRA_S
-    while pid_alive(pid) and time.monotonic() < deadline:
+    while JobDir.launcher_alive(status) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    if pid_alive(pid):  # the watchdogs end the ranks once their launcher is gone
+    if JobDir.launcher_alive(status):  # the watchdogs end the ranks once their launcher is gone
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return f"dtrain: stopped job {found.id}"

@@ -126,11 +126,19 @@ class JobDir:
         status = self.status()
         state = str(status.get("state", "starting"))
         here = status.get("launcher_host", socket.gethostname()) == socket.gethostname()
-        alive = pid_alive(int(status.get("launcher_pid", 0)))
+        alive = self.launcher_alive(status)
         # A launcher on another machine (a shared job directory) cannot be checked from here.
         if state in (RUNNING, "starting") and here and not alive:
             return "lost"  # the launcher died without recording an end
         return state
+
+    @staticmethod
+    def launcher_alive(status: Mapping[str, Any]) -> bool:
+        """The recorded launcher still runs: its pid lives and, if its start time was
+        recorded, is the same process (not a new one that reused the pid)."""
+        pid = int(status.get("launcher_pid", 0))
+        started = status.get("launcher_start")
+        return pid_alive(pid) and (started is None or process_start(pid) == started)
 
     def recorded_specs(self) -> dict[int, LaunchSpec]:
         """The ranks of the recorded plan as specs (rank, host, role...), to tag log lines."""
@@ -166,6 +174,14 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def process_start(pid: int) -> int | None:
+    """When a process started (clock ticks after boot): with its pid, it names one process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def list_jobs(root: Path) -> list[JobDir]:
     """Every job under ``root``, oldest first (ids sort by time)."""
     if not root.is_dir():
@@ -199,6 +215,7 @@ class JobRecorder:
         self.failed = False
         self.ranks: dict[int, RankState] = {}
         self.launcher_pid = os.getpid()
+        self.launcher_start = process_start(self.launcher_pid)
         self.started = clock()
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
@@ -240,6 +257,7 @@ class JobRecorder:
                 "state": state,
                 "exit_code": exit_code,
                 "launcher_pid": self.launcher_pid,
+                "launcher_start": self.launcher_start,
                 "launcher_host": socket.gethostname(),
                 "started": self.started,
                 "updated": self.clock(),

@@ -271,3 +271,32 @@ def test_live_view_on_a_terminal_redraws_progress_in_place(mark: str) -> None:
     assert "done" in text
     # the newline closed the last update: it was printed once, as a log line
     assert text.count("[0] progress 100%") == 1
+
+
+def test_stop_does_not_signal_a_process_that_reused_the_launchers_pid(tmp_path: Path) -> None:
+    import socket
+
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        job = tmp_path / "20261123-000000-abcdef"
+        job.mkdir()
+        (job / "meta.json").write_text('{"id": "20261123-000000-abcdef"}')
+        (job / "status.json").write_text(
+            json.dumps(
+                {
+                    "state": "running",
+                    "launcher_pid": bystander.pid,  # the pid, now another process's
+                    "launcher_start": 1,  # the launcher started long before it
+                    "launcher_host": socket.gethostname(),
+                }
+            )
+        )
+        result = run_dtrain("stop", "20261123", "--job-dir", str(tmp_path))
+        assert result.returncode == 2
+        assert "job 20261123-000000-abcdef is not running (lost)" in result.stderr
+        assert bystander.poll() is None  # untouched
+        listed = run_dtrain("jobs", "--job-dir", str(tmp_path))
+        assert "lost" in listed.stdout
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import JOBS, REPO, child_env, run_dtrain, start_dtrain, wait_until_gone
+from tests.conftest import JOBS, child_env, run_dtrain, start_dtrain, wait_until_gone
 
 needs_tf = pytest.mark.skipif(
     importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow-cpu"
@@ -252,4 +252,3 @@ def test_builtin_servers_are_for_tensorflow() -> None:
     result = run_dtrain("ps", "--framework", "torch", "--builtin-servers", "true")
     assert result.returncode == 2
     assert "--builtin-servers is for --framework tf" in result.stderr
-    assert REPO.is_dir()
