@@ -10,10 +10,10 @@ watchdog's stdin, and each ends its rank as it would for a lost launcher.
 Frames, both ways: ``!IBI`` header (run, kind, length), then the payload; a
 run is one start of one rank (a restarted rank is a new run), numbered by
 the launcher.  Both ends send heartbeats: an agent that hears nothing for
-``SILENCE_S`` takes the launcher for dead (a crashed machine or a cut network
-closes no channel) and drops the lifeline; a launcher that hears nothing from
-an agent for its host timeout takes the host for lost (a frozen host still
-acknowledges TCP).  Output is flow-controlled per run: the agent sends at most
+the launcher's host timeout takes the launcher for dead (a crashed machine or
+a cut network closes no channel) and drops the lifeline; a launcher that hears
+nothing from an agent for that long takes the host for lost (a frozen host
+still acknowledges TCP).  Output is flow-controlled per run: the agent sends at most
 ``WINDOW_BYTES`` of a rank's output beyond what the launcher has taken (it
 returns CREDIT as it takes), and stops reading that rank's pipes until then,
 so a slow terminal slows that rank alone and never holds up other frames.
@@ -38,7 +38,7 @@ NO_RUN = 0xFFFFFFFF
 # Written before the first frame: what a login shell's rc files print comes before it and is
 # skipped by the launcher.
 START_MARK = b"\0dtrain-agent-frames\0"
-SILENCE_S = 45.0
+SILENCE_S = 30.0  # unless the config says otherwise (the launcher's --host-timeout)
 HEARTBEAT_S = 5.0  # how often the agent says it lives (unless its config says otherwise)
 WINDOW_BYTES = 2 << 20  # a run's output in flight to the launcher, at most
 
@@ -59,6 +59,7 @@ class Agent:
         self.paused: set[int] = set()  # runs waiting for credit (their pipes unregistered)
         self.beaten = time.monotonic()
         self.heartbeat_s = float(config.get("heartbeat_s", HEARTBEAT_S))
+        self.silence_s = float(config.get("silence_s", SILENCE_S))
         self.inbox = bytearray()
         self.lifeline_open = True
         self.heard = time.monotonic()
@@ -202,7 +203,7 @@ class Agent:
         self.selector.register(0, selectors.EVENT_READ, None)
         while self.lifeline_open or any(self.open_pipes.values()):
             now = time.monotonic()
-            if self.lifeline_open and now - self.heard > SILENCE_S:
+            if self.lifeline_open and now - self.heard > self.silence_s:
                 self.drop_lifeline()
             if now - self.beaten >= self.heartbeat_s:
                 self.beaten = now

@@ -40,7 +40,7 @@ logging.getLogger("paramiko").propagate = False
 KEEPALIVE_S = 15
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"  # ssh's defaults
 DEFAULT_FANOUT = 32
-HEARTBEAT_S = 5.0  # the agent drops the lifeline after agent.SILENCE_S without one
+HEARTBEAT_S = 5.0  # at most; both ends beat at least 4 times per host timeout
 DEFAULT_HOST_TIMEOUT_S = 30.0  # an agent silent this long is a lost host
 MAX_PREAMBLE_BYTES = 1 << 20  # what a login shell may print before the agent's frames
 TCP_USER_TIMEOUT_MS = 30_000  # a host that stops acknowledging is given up after this
@@ -547,8 +547,10 @@ class HostAgent:
             "probe_source": PROBE_SOURCE,
             "watchdog": WATCHDOG_SOURCE,
             "bootstrap": watchdog.BOOTSTRAP,
-            # Beat often enough that a healthy agent is never silent for the host timeout.
+            # Beat often enough that a healthy agent is never silent for the host timeout,
+            # and give the launcher up after the same silence.
             "heartbeat_s": min(agent.HEARTBEAT_S, silence_s / 4),
+            "silence_s": silence_s,
         }
         channel = None
         try:

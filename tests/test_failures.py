@@ -1,0 +1,289 @@
+"""Failure injection over three real SSH test hosts: every way a job can end badly.
+
+Each cell starts 6 ranks on node1..node3 (2 each), injects one failure, and
+checks what a user relies on: dtrain's exit code, its summary line, how long
+until every process of the job was gone on every host, and that nothing (no
+rank, watchdog, agent or Open MPI daemon) is left anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import marked_pids, start_dtrain, wait_for_pids
+from tests.testhosts import TestHosts, processes_in
+
+pytestmark = [pytest.mark.sshhosts, pytest.mark.slow]
+
+GRACE_S = 2
+HOST_TIMEOUT_S = 5
+VICTIM = 3  # rank 3 runs on node2
+HOSTS = "node1:2,node2:2,node3:2"
+
+
+def dtrain_processes(hosts: TestHosts) -> list[int]:
+    """Agents, watchdogs and Open MPI daemons on the test hosts."""
+    found = []
+    for name in hosts.names:
+        for pid in processes_in(name):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"dtrain-remote" in cmdline or b"prted" in cmdline:
+                found.append(pid)
+    return found
+
+
+def wait_clean(hosts: TestHosts, mark: str, timeout_s: float) -> float:
+    """Seconds until no process of the job is left on any host (fails after ``timeout_s``)."""
+    started = time.monotonic()
+    while marked_pids(mark) or dtrain_processes(hosts):
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(
+                f"left after {timeout_s} s: ranks {marked_pids(mark)}, "
+                f"dtrain/MPI processes {dtrain_processes(hosts)}"
+            )
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def set_link(name: str, up: bool) -> None:
+    """Plug or unplug host ``name``'s network cable (its veth on the test bridge)."""
+    state = "up" if up else "down"
+    subprocess.run(["ip", "link", "set", "dev", f"dtv-{name}", state], check=True)
+
+
+@dataclass(frozen=True)
+class Cell:
+    script: str  # every rank runs sh -c SCRIPT
+    inject: Callable[[subprocess.Popen[str], TestHosts, str], None]
+    code: int
+    summary: str
+    clean_s: float  # from the injection until nothing is left
+    options: tuple[str, ...] = ()
+    restarts_hosts: bool = False  # the cell kills a host: start fresh hosts afterwards
+
+
+def nothing(proc: subprocess.Popen[str], hosts: TestHosts, mark: str) -> None:
+    """The failure is in the script itself."""
+
+
+def send(*signums: int) -> Callable[[subprocess.Popen[str], TestHosts, str], None]:
+    def inject(proc: subprocess.Popen[str], hosts: TestHosts, mark: str) -> None:
+        for signum in signums:
+            proc.send_signal(signum)
+            time.sleep(0.3)
+
+    return inject
+
+
+def kill_host(proc: subprocess.Popen[str], hosts: TestHosts, mark: str) -> None:
+    """node2 dies: its sshd and every process on it, at once."""
+    for pid in processes_in("node2"):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def unplug(seconds: float) -> Callable[[subprocess.Popen[str], TestHosts, str], None]:
+    def inject(proc: subprocess.Popen[str], hosts: TestHosts, mark: str) -> None:
+        set_link("node2", up=False)
+        try:
+            time.sleep(seconds)
+        finally:
+            set_link("node2", up=True)
+
+    return inject
+
+
+def unplug_until_clean(proc: subprocess.Popen[str], hosts: TestHosts, mark: str) -> None:
+    """A long outage: node2 stays cut off until everything is gone, node2 included (its agent
+    must clean up by itself, dtrain cannot reach it)."""
+    set_link("node2", up=False)
+    try:
+        proc.wait(timeout=60)
+        wait_clean(hosts, mark, timeout_s=HOST_TIMEOUT_S + GRACE_S + 15)
+    finally:
+        set_link("node2", up=True)
+
+
+def kill_watchdog(proc: subprocess.Popen[str], hosts: TestHosts, mark: str) -> None:
+    on_node2 = set(processes_in("node2"))
+    rank = next(p for p in marked_pids(mark) if p in on_node2)
+    parent = int(Path(f"/proc/{rank}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+    os.kill(parent, signal.SIGKILL)
+
+
+STOPPED_5 = "stopped the other 5 ranks"
+RUN_ON = "sleep 300 & wait"
+IGNORE_TERM = "trap '' TERM; sleep 300 & while :; do sleep 0.1; done"
+CELLS = {
+    "rank exits 1": Cell(
+        f"if [ $RANK = {VICTIM} ]; then sleep 1; exit 1; fi; {RUN_ON}",
+        nothing,
+        1,
+        f"rank 3 on node2 failed (exit code 1); {STOPPED_5}",
+        5,
+    ),
+    "rank SIGKILLed": Cell(
+        f"if [ $RANK = {VICTIM} ]; then sleep 1; kill -KILL $$; fi; {RUN_ON}",
+        nothing,
+        128 + signal.SIGKILL,
+        "rank 3 on node2 failed (killed by SIGKILL",
+        5,
+    ),
+    "rank segfaults": Cell(
+        f"if [ $RANK = {VICTIM} ]; then sleep 1; kill -SEGV $$; fi; {RUN_ON}",
+        nothing,
+        128 + signal.SIGSEGV,
+        f"rank 3 on node2 failed (killed by SIGSEGV); {STOPPED_5}",
+        5,
+    ),
+    "rank ignores SIGTERM": Cell(
+        f"if [ $RANK = {VICTIM} ]; then sleep 1; exit 1; fi; {IGNORE_TERM}",
+        nothing,
+        1,
+        f"rank 3 on node2 failed (exit code 1); {STOPPED_5} (5 with SIGKILL after the 2 s grace)",
+        GRACE_S + 5,
+    ),
+    "Ctrl-C": Cell(RUN_ON, send(signal.SIGINT), 130, "interrupted by SIGINT; stopped 6 ranks", 5),
+    "Ctrl-C twice": Cell(
+        IGNORE_TERM,
+        send(signal.SIGINT, signal.SIGINT),
+        130,
+        "interrupted by SIGINT; stopped 6 ranks (6 with SIGKILL",
+        5,
+    ),
+    "SIGTERM": Cell(
+        RUN_ON, send(signal.SIGTERM), 143, "interrupted by SIGTERM; stopped 6 ranks", 5
+    ),
+    "dtrain SIGKILLed": Cell(RUN_ON, send(signal.SIGKILL), -signal.SIGKILL, "", GRACE_S + 5),
+    "watchdog killed alone": Cell(
+        RUN_ON,
+        kill_watchdog,
+        128 + signal.SIGKILL,
+        f"on node2 failed (killed by SIGKILL); {STOPPED_5}",
+        5,
+    ),
+    "host killed": Cell(
+        RUN_ON,
+        kill_host,
+        255,
+        "on node2 failed (the connection to node2 was lost); stopped the other",
+        HOST_TIMEOUT_S + 5,
+        restarts_hosts=True,
+    ),
+    "link down (long)": Cell(
+        RUN_ON,
+        unplug_until_clean,
+        255,
+        "on node2 failed (no word from the agent on node2 for 5 s: the host is frozen or cut off)",
+        HOST_TIMEOUT_S + GRACE_S + 15,
+    ),
+    "link blip (3 s)": Cell(
+        "sleep 6; echo survived",
+        unplug(3),
+        0,
+        "",
+        10,
+        options=("--host-timeout", "10"),
+    ),
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", list(CELLS))
+def test_failure_cell(name: str, ssh_hosts: TestHosts, mark: str) -> None:
+    cell, hosts = CELLS[name], ssh_hosts
+    proc = start_dtrain(
+        "run",
+        "--ssh-config",
+        str(hosts.ssh_config),
+        "--grace",
+        str(GRACE_S),
+        "--host-timeout",
+        str(HOST_TIMEOUT_S),
+        *cell.options,
+        "-H",
+        HOSTS,
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        cell.script,
+    )
+    try:
+        wait_for_pids(mark, 6)
+        injected = time.monotonic()
+        cell.inject(proc, hosts, mark)
+        _, err = proc.communicate(timeout=90)
+        wait_clean(hosts, mark, timeout_s=cell.clean_s + 10)
+        clean_s = time.monotonic() - injected
+        assert proc.returncode == cell.code, err
+        if cell.summary:
+            assert cell.summary in err, err
+        elif cell.code == 0:
+            assert "failed" not in err and "interrupted" not in err, err
+        assert clean_s < cell.clean_s, f"{clean_s:.1f} s until nothing was left"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if cell.restarts_hosts:
+            hosts.stop()  # node2 was killed: the next test gets fresh hosts
+
+
+MPI_CELLS = {
+    "rank exits 1": (f"if [ $OMPI_COMM_WORLD_RANK = 1 ]; then sleep 1; exit 1; fi; {RUN_ON}", None),
+    "Ctrl-C": (RUN_ON, signal.SIGINT),
+    "dtrain SIGKILLed": (RUN_ON, signal.SIGKILL),
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", list(MPI_CELLS))
+def test_mpi_failure_cell(name: str, ssh_hosts: TestHosts, mark: str) -> None:
+    pytest.importorskip("mpi4py")
+    script, signum = MPI_CELLS[name]
+    proc = start_dtrain(
+        "run",
+        "--mpi",
+        "--ssh-config",
+        str(ssh_hosts.ssh_config),
+        "--grace",
+        str(GRACE_S),
+        "-H",
+        "node1,node2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "sh",
+        "-c",
+        script,
+    )
+    try:
+        wait_for_pids(mark, 2)
+        if signum is not None:
+            time.sleep(0.5)
+            proc.send_signal(signum)
+        _, err = proc.communicate(timeout=90)
+        wait_clean(ssh_hosts, mark, timeout_s=GRACE_S + 15)  # no rank, no prted left
+        expected = {None: 1, signal.SIGINT: 130, signal.SIGKILL: -signal.SIGKILL}[signum]
+        assert proc.returncode == expected, err
+        if signum == signal.SIGINT:
+            assert "interrupted by SIGINT; stopped 2 ranks" in err, err
+        elif signum is None:
+            assert "rank 1 on node2 failed (exit code 1)" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
