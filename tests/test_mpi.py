@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 def test_mpi4py_helloworld_has_one_world(mark: str) -> None:
     pytest.importorskip("mpi4py")
     result = run_dtrain(
@@ -39,6 +40,7 @@ def test_mpi4py_helloworld_has_one_world(mark: str) -> None:
         assert tagged(result.stdout, rank) == [f"Hello, World! I am process {rank} of 4 on {host}."]
 
 
+@pytest.mark.slow
 def test_mpi4py_ringtest(mark: str) -> None:
     pytest.importorskip("mpi4py")
     result = run_dtrain(
@@ -121,6 +123,7 @@ def test_mpi4py_without_mpi_is_warned_about() -> None:
     assert all("of 1 on" in line for line in result.stdout.splitlines())
 
 
+@pytest.mark.slow
 def test_ring_allreduce_and_data_parallel_examples_under_dtrain_mpi(mark: str) -> None:
     pytest.importorskip("mpi4py")
     ring = run_dtrain(
@@ -157,3 +160,23 @@ def test_ring_allreduce_and_data_parallel_examples_under_dtrain_mpi(mark: str) -
     )
     accuracy = next(ln for ln in tagged(training.stdout, 0) if ln.startswith("test accuracy"))
     assert float(accuracy.split()[2]) >= 0.9
+
+
+def test_a_killed_launchers_hostfile_folder_is_removed_by_the_next() -> None:
+    import subprocess
+    import tempfile
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs: as a SIGKILLed launcher's
+    stale = Path(tempfile.gettempdir()) / f"dtrain-mpi-{gone.pid}-abc123"
+    stale.mkdir()
+    (stale / "hostfile").write_text("localhost slots=1\n")
+    live = Path(tempfile.gettempdir()) / f"dtrain-mpi-{os.getpid()}-def456"  # a running one's
+    live.mkdir()
+    try:
+        result = run_dtrain("run", "--mpi", "--dry-run", "-np", "1", "python", "x.py")
+        assert result.returncode == 0, result.stderr
+        assert not stale.exists() and live.exists()
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)

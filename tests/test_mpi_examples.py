@@ -25,6 +25,8 @@ import pytest
 
 from tests.conftest import MARK, REPO, child_env
 
+pytestmark = pytest.mark.slow  # real MPI programs end to end
+
 np = pytest.importorskip("numpy")
 
 MPIRUN = Path(sys.executable).parent / "mpirun"  # not resolved: the venv's bin is the point

@@ -51,6 +51,7 @@ def started_job_id(proc: subprocess.Popen[str]) -> str:
 
 
 @needs_tf
+@pytest.mark.slow
 def test_tf_config_is_what_tensorflow_resolves(tmp_path: Path) -> None:
     plan = json.loads(
         run_dtrain(
@@ -109,6 +110,7 @@ def test_tf_config_is_what_tensorflow_resolves(tmp_path: Path) -> None:
 
 
 @needs_tf
+@pytest.mark.slow
 def test_tf_parameter_server_training_on_localhost(mark: str, tmp_path: Path) -> None:
     result = run_dtrain(
         "ps",
@@ -151,6 +153,7 @@ def test_tf_parameter_server_training_on_localhost(mark: str, tmp_path: Path) ->
 
 
 @needs_tf
+@pytest.mark.slow
 def test_killed_ps_fails_the_job_naming_it(mark: str, tmp_path: Path) -> None:
     proc = start_dtrain(
         "ps",
@@ -178,6 +181,7 @@ def test_killed_ps_fails_the_job_naming_it(mark: str, tmp_path: Path) -> None:
 
 
 @needs_tf
+@pytest.mark.slow
 def test_killed_worker_is_restarted_and_training_completes(mark: str, tmp_path: Path) -> None:
     proc = start_dtrain(
         "ps",
@@ -210,6 +214,7 @@ def test_killed_worker_is_restarted_and_training_completes(mark: str, tmp_path: 
 
 
 @needs_tf
+@pytest.mark.slow
 def test_tf_multiworker_mirrored_under_run_tf(mark: str) -> None:
     result = run_dtrain(
         "run",
@@ -227,6 +232,7 @@ def test_tf_multiworker_mirrored_under_run_tf(mark: str) -> None:
     assert "weights identical" in result.stdout
 
 
+@pytest.mark.slow
 def test_torch_rpc_parameter_server(mark: str) -> None:
     pytest.importorskip("torch")
     result = run_dtrain(

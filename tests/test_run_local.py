@@ -383,6 +383,7 @@ def test_no_heavy_imports_for_help_or_local_launch() -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_torch_gloo_allreduce_on_four_ranks(mark: str) -> None:
     pytest.importorskip("torch")
     result = run_dtrain(

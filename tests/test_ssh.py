@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    JOBS,
     marked_pids,
     py,
     rss_mib,
@@ -76,6 +77,7 @@ def without_identity(hosts: TestHosts, directory: Path, known_hosts: Path | None
         ("localhost:1,node2:1", [os.uname().nodename, "node2"]),
     ],
 )
+@pytest.mark.slow
 def test_torch_allreduce_across_hosts(
     ssh_hosts: TestHosts, mark: str, host_list: str, hostnames: list[str]
 ) -> None:
@@ -122,6 +124,13 @@ def test_failure_on_one_host_tears_down_every_host(ssh_hosts: TestHosts, mark: s
     )
     assert "    bad shard" in result.stderr.splitlines()
     assert_nothing_left(ssh_hosts, mark)
+    job_id = result.stderr.split("dtrain: job ", 1)[1].split()[0]
+    ranks = json.loads((JOBS / job_id / "status.json").read_text())["ranks"]
+    # Remote ranks are recorded with their process group (the watchdog's pid there), not 0.
+    assert [ranks[str(r)]["host"] for r in range(6)] == ["node1"] * 2 + ["node2"] * 2 + [
+        "node3"
+    ] * 2
+    assert all(ranks[str(r)]["pid"] > 0 for r in range(6))
 
 
 def test_remote_signal_death_and_exit_codes(ssh_hosts: TestHosts, mark: str) -> None:
@@ -368,6 +377,7 @@ def test_check_reports_every_host(ssh_hosts: TestHosts) -> None:
     assert "2 of 2 hosts ok" in table.stdout
 
 
+@pytest.mark.slow
 def test_mpi_across_two_hosts(ssh_hosts: TestHosts, mark: str) -> None:
     pytest.importorskip("mpi4py")
     hello = run_dtrain(
@@ -410,6 +420,7 @@ def test_mpi_across_two_hosts(ssh_hosts: TestHosts, mark: str) -> None:
     assert "time for 20 loops" in ring.stdout
 
 
+@pytest.mark.slow
 def test_mpi_failure_across_hosts_leaves_nothing(ssh_hosts: TestHosts, mark: str) -> None:
     script = "if [ $OMPI_COMM_WORLD_RANK = 3 ]; then sleep 1; exit 6; fi; sleep 300"
     result = run_dtrain(
@@ -430,6 +441,7 @@ def test_mpi_failure_across_hosts_leaves_nothing(ssh_hosts: TestHosts, mark: str
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_tf_parameter_servers_across_hosts(ssh_hosts: TestHosts, mark: str, tmp_path: Path) -> None:
     pytest.importorskip("tensorflow", reason="needs tensorflow-cpu")
     result = run_dtrain(
