@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import click
 
@@ -30,6 +30,9 @@ from launcher.config import (
     pick,
 )
 from launcher.errors import LauncherError
+
+if TYPE_CHECKING:
+    from launcher.hosts import Host
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -329,9 +332,8 @@ def resume(launch_file: str) -> int:
 def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> int:
     """Show the hosts and slots a hostfile or -H list resolves to."""
     from launcher.console import format_hosts, hosts_as_json
-    from launcher.survey import read_hosts
 
-    found = read_hosts(host_lists, hostfile, default_slots=None)
+    found = hosts_given(host_lists, hostfile)
     click.echo(hosts_as_json(found) if as_json else "\n".join(format_hosts(found)))
     return 0
 
@@ -345,15 +347,26 @@ def check(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool, **ss
     import json
 
     from launcher.console import print_check_report
-    from launcher.survey import check_hosts, read_hosts
+    from launcher.survey import check_hosts
 
-    found = read_hosts(host_lists, hostfile, default_slots=None)
+    found = hosts_given(host_lists, hostfile)
     rows = check_hosts(found, pick(SshConfig, ssh), dict(os.environ))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
         print_check_report(rows, sys.stdout)
     return 0 if all(row["ok"] for row in rows) else 1
+
+
+def hosts_given(host_lists: tuple[str, ...], hostfile: str | None) -> list[Host]:
+    """The hosts of -H or --hostfile (``-H FILE`` reads FILE, saying so)."""
+    from launcher.survey import hostfile_shorthand, read_hosts, shorthand_notice
+
+    path = hostfile_shorthand(host_lists)
+    if path is not None:
+        click.echo(shorthand_notice(path), err=True)
+        host_lists, hostfile = (), path
+    return read_hosts(host_lists, hostfile, default_slots=None)
 
 
 JOB_DIR_OPTION = click.option(

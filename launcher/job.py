@@ -40,7 +40,15 @@ from launcher.outlets import Fanout, Outlet
 from launcher.plan import Plan, bind_gpus, bind_ps_gpus, plan_ps, plan_ranks
 from launcher.specs import ServerProgram, build_job_specs
 from launcher.supervisor import Supervisor
-from launcher.survey import Survey, check_local_program, read_hosts, read_text, survey_hosts
+from launcher.survey import (
+    Survey,
+    check_local_program,
+    hostfile_shorthand,
+    read_hosts,
+    read_text,
+    shorthand_notice,
+    survey_hosts,
+)
 from launcher.transport.base import RoutedTransport, Transport
 from launcher.transport.local import LocalTransport, detect_local_gpus
 
@@ -110,7 +118,7 @@ def run_job(
     clock: Clock | None = None,
 ) -> JobOutcome:
     """Validate, resolve what the whole job shares, then run its attempt."""
-    config = validate_config(config)
+    config = validate_config(with_hostfile_shorthand(config, frontend))
     files = [(path, read_text(path, "--env-file")) for path in config.env.env_files]
     extra = resolve_env_args(config.env.exports, files, environ)
     attempt = Attempt(
@@ -261,6 +269,15 @@ class Attempt:
             write_json(root / self.job_id / "meta.json", meta)
             return JobDir(root / self.job_id)
         return JobDir.create(root, self.job_id, meta)
+
+
+def with_hostfile_shorthand(config: JobConfig, frontend: Frontend) -> JobConfig:
+    """``-H hosts`` naming a file here reads it as the hostfile (as DeepSpeed's -H does)."""
+    path = hostfile_shorthand(config.placement.host_lists)
+    if path is None:
+        return config
+    frontend.notice(shorthand_notice(path))
+    return replace(config, placement=replace(config.placement, host_lists=(), hostfile=path))
 
 
 def plan_job(config: JobConfig, environ: Mapping[str, str]) -> Plan:

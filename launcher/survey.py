@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,35 @@ def read_hosts(
             found = parse_host_list(",".join(host_lists), source="-H")
         return found
     return [Host("localhost", slots=default_slots or 1)]
+
+
+def hostfile_shorthand(host_lists: Sequence[str]) -> str | None:
+    """``-H hosts`` where ``hosts`` is a file here and no host list (DeepSpeed's ``-H``): the
+    file to read as a hostfile; None when -H lists hosts.  A name that is both a file and a
+    host is a usage error naming both ways out."""
+    if len(host_lists) != 1:
+        return None
+    name = host_lists[0]
+    if any(mark in name for mark in ",:@[") or not Path(name).is_file():
+        return None
+    if name_resolves(name):
+        raise UsageError(
+            f"-H {name}: both a file here and a host name",
+            f"pass --hostfile {name} to read the file, or -H {name}:1 for the host",
+        )
+    return name
+
+
+def shorthand_notice(path: str) -> str:
+    return f"dtrain: -H {path}: reading the hostfile {Path(path).resolve()}"
+
+
+def name_resolves(name: str) -> bool:
+    try:
+        socket.getaddrinfo(name, None)
+    except (OSError, UnicodeError):
+        return False
+    return True
 
 
 @dataclass

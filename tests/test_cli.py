@@ -251,3 +251,28 @@ def test_proxy_jump_targets_parse() -> None:
     assert split_host_port("bastion") == ("bastion", None)
     assert split_host_port("bastion:2222") == ("bastion", 2222)
     assert split_host_port("[fe80::1]:22") == ("fe80::1", 22)
+
+
+def test_h_naming_a_file_reads_it_as_the_hostfile(tmp_path: Path, mark: str) -> None:
+    (tmp_path / "hosts").write_text("localhost slots=8\n")
+    code = "import os; print(os.environ['WORLD_SIZE'])"
+    result = run_dtrain(
+        "run", "-np", "8", "-H", "hosts", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"dtrain: -H hosts: reading the hostfile {tmp_path / 'hosts'}" in result.stderr
+    assert sorted(tagged(result.stdout, r)[0] for r in range(8)) == ["8"] * 8
+    listed = run_dtrain("hosts", "-H", "hosts", cwd=tmp_path)
+    assert listed.stdout.splitlines()[-1] == "1 host, 8 slots"
+
+
+def test_h_naming_both_a_file_and_a_host_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "localhost").write_text("node1 slots=2\n")
+    result = run_dtrain("run", "--dry-run", "-H", "localhost", "true", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "dtrain: error: -H localhost: both a file here and a host name (hint: pass --hostfile "
+        "localhost to read the file, or -H localhost:1 for the host)"
+    )
+    with_slots = run_dtrain("run", "--dry-run", "-H", "localhost:1", "true", cwd=tmp_path)
+    assert with_slots.returncode == 0, with_slots.stderr
