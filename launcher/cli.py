@@ -147,6 +147,15 @@ rank_options = stacked(
     ),
     option("--workdir", "Working directory of the ranks (default: here).", metavar="DIR"),
     option(
+        "--python",
+        "Interpreter for a Python script COMMAND (train.py runs as PYTHON train.py). Default: "
+        "dtrain's own; on other hosts the same path if it exists there, else python3.",
+        metavar="PATH",
+    ),
+    option(
+        "--no-python", "Run COMMAND as given, even train.py (as torchrun's flag).", is_flag=True
+    ),
+    option(
         "--grace grace_s",
         "Time between SIGTERM and SIGKILL when stopping ranks.",
         type=click.FloatRange(0),

@@ -53,6 +53,20 @@ def build_launch_specs(
     ]
 
 
+def is_python_script(program: str, head: bytes | None) -> bool:
+    """Does ``program`` run with Python (as torchrun and deepspeed run ``train.py``)?
+
+    A name ending in ``.py``; or a file here that is not executable (``head``: its first
+    bytes; None when it is no such file) with a Python shebang or none.
+    """
+    if program.endswith(".py"):
+        return True
+    if head is None:
+        return False
+    first = head.split(b"\n", 1)[0]
+    return not first.startswith(b"#!") or b"python" in first
+
+
 def describe_specs(
     specs: Sequence[LaunchSpec], hidden: Collection[str] = ()
 ) -> list[dict[str, object]]:

@@ -126,6 +126,8 @@ class JobConfig:
     ps: PsConfig | None = None  # set: a parameter-server job (dtrain ps)
     mpi: MpiConfig | None = None  # set: through mpirun (--mpi)
     grace_s: float = DEFAULT_GRACE_S
+    python: str | None = None  # --python: the interpreter of a Python script COMMAND
+    no_python: bool = False  # --no-python: run COMMAND as given (torchrun's flag)
     dry_run: bool = False
     detach: bool = False
     job_dir: str | None = None
@@ -150,6 +152,8 @@ def validate_config(config: JobConfig) -> JobConfig:
     check_host_sources(placement.host_lists, placement.hostfile)
     if config.ps is not None:
         check_ps(config.ps)
+    if config.python is not None and config.no_python:
+        raise UsageError("--python and --no-python both given", "use one of them")
     return config
 
 
@@ -219,7 +223,7 @@ def config_from_options(
     )
 
 
-JOB_FIELDS = ("command", "grace_s", "dry_run", "detach", "job_dir")
+JOB_FIELDS = ("command", "grace_s", "python", "no_python", "dry_run", "detach", "job_dir")
 C = TypeVar("C")
 
 

@@ -194,7 +194,7 @@ def mpi_launch(
             prefix=mpirun_prefix(mpirun),
             as_root=os.geteuid() == 0,
             mca=mca_parameters(config, site, environ),
-            argv=config.command,
+            argv=specs[0].argv,  # COMMAND, through Python for a script
         )
         spec = dataclasses.replace(specs[0], argv=tuple(argv), env=env, label="mpirun")
         yield MpiLaunch(argv, text, spec)

@@ -38,6 +38,8 @@ class Site:
     addresses: Mapping[str, str] = field(default_factory=dict)  # how the other ranks reach it
     interfaces: Mapping[str, str] = field(default_factory=dict)  # its NIC towards MASTER_ADDR
     networks: Mapping[str, str] = field(default_factory=dict)  # that NIC's network (CIDR)
+    pythons: Mapping[str, str] = field(default_factory=dict)  # the interpreter to use there
+    python_script: bool = False  # COMMAND is a Python script: it runs with that interpreter
 
     @property
     def remote_hosts(self) -> set[str]:
@@ -67,7 +69,8 @@ def build_job_specs(
 
     ``extra`` holds the resolved ``-x``/``--env-file`` variables, ``environ``
     the launcher's own environment (variables the user set there win over
-    dtrain's NIC guesses).
+    dtrain's NIC guesses).  A Python script COMMAND (``site.python_script``) runs
+    with each host's interpreter (``site.pythons``, or ``--python``).
     """
     ports = PortPool(site)
     rank0 = plan.ranks[0].host.name
@@ -98,8 +101,24 @@ def build_job_specs(
         lambda r: build_env(r, env_options),
         cwd=cwd,
         env_unset=PROXY_VARIABLES if config.tf_ps else (),
-        argv_for=server_argv(config.command, site, server) if server else None,
+        argv_for=rank_argv(config, site, server),
     )
+
+
+def rank_argv(
+    config: JobConfig, site: Site, server: ServerProgram | None
+) -> Callable[[Rank], Sequence[str]]:
+    """What each rank runs: COMMAND (through Python for a script), or the built-in server."""
+
+    def argv(rank: Rank) -> Sequence[str]:
+        if server is not None and rank.role in ("ps", "worker"):
+            return server_argv(site, server, rank)
+        if site.python_script:
+            python = config.python or site.pythons.get(rank.host.name, "python3")
+            return (python, *config.command)
+        return config.command
+
+    return argv
 
 
 class PortPool:
@@ -144,16 +163,7 @@ def nic_env(
     }
 
 
-def server_argv(
-    command: Sequence[str], site: Site, server: ServerProgram
-) -> Callable[[Rank], Sequence[str]]:
-    """ps and workers run the built-in server (local: our Python; remote: python3), the chief
-    runs the command."""
-
-    def argv(rank: Rank) -> Sequence[str]:
-        if rank.role in ("ps", "worker"):
-            python = server.local_python if site.local.get(rank.host.name, True) else "python3"
-            return (python, "-c", server.source)
-        return command
-
-    return argv
+def server_argv(site: Site, server: ServerProgram, rank: Rank) -> Sequence[str]:
+    """The built-in TensorFlow server (locally with our Python, remotely python3)."""
+    python = server.local_python if site.local.get(rank.host.name, True) else "python3"
+    return (python, "-c", server.source)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from launcher.command import is_python_script
 from launcher.config import JobConfig, SshConfig, check_host_sources
 from launcher.errors import HostConnectionError, LauncherError, UsageError
 from launcher.hosts import Host, parse_host_list, parse_hostfile
@@ -136,7 +137,10 @@ def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], work
             local[host.name] = is_local_address(resolve_target(host, settings, ssh_config).hostname)
         remote_hosts = [h for h in remote_hosts if not local[h.name]]
     ranks_on = {h.name: sum(1 for r in plan.ranks if r.host.name == h.name) for h in plan.hosts}
-    facts = SiteFacts(local)
+    facts = SiteFacts(local, python_script=python_script(config, workdir))
+    # Our interpreter; on other hosts the same path where it exists, else their python3 (the
+    # probe says which; a dry run, which probes nothing, shows ours).
+    facts.pythons = {h.name: sys.executable for h in plan.hosts}
     local_names = [name for name, is_local in local.items() if is_local]
     if local_names:
         gpus = detect_local_gpus(environ) if config.placement.gpu_binding else ()
@@ -172,9 +176,12 @@ class SiteFacts:
     addresses: dict[str, str] = field(default_factory=dict)
     interfaces: dict[str, str] = field(default_factory=dict)
     networks: dict[str, str] = field(default_factory=dict)
+    pythons: dict[str, str] = field(default_factory=dict)
+    python_script: bool = False
 
     def freeze(self) -> Site:
-        return Site(**{k: dict(v) for k, v in asdict(self).items()})
+        maps = {k: dict(v) for k, v in asdict(self).items() if isinstance(v, dict)}
+        return Site(**maps, python_script=self.python_script)
 
 
 def probe_remote_hosts(
@@ -199,10 +206,14 @@ def probe_remote_hosts(
             facts.addresses[name] = our_address or name
     master = config.placement.master_addr or facts.addresses[plan.ranks[0].host.name]
 
+    program = config.command[0]
+    if facts.python_script and "/" not in program:
+        program = f"./{program}"  # a script is looked for in the working directory, not PATH
+
     def open_agent(name: str) -> Any:
         args = {
             "ports": 1 + ranks_on[name],
-            "program": config.command[0],
+            "program": program,
             "cwd": workdir,
             "path_prefix": environ.get("PATH"),
             "route_to": master,
@@ -220,10 +231,17 @@ def probe_remote_hosts(
     if errors:
         raise errors[0]
     for name, (_, report) in opened.items():  # type: ignore[misc]  # no errors left
+        facts.pythons[name] = report.python
         if not report.cwd_ok:
             raise HostConnectionError(
                 f"{name}: working directory {workdir} does not exist there",
                 "create it (same path on every host), or pass --workdir",
+            )
+        if report.program is None and facts.python_script:
+            raise HostConnectionError(
+                f"{name}: script {config.command[0]} not found there in {workdir}",
+                "the same working directory must hold it on every host (a shared file "
+                "system, or a copy at the same path)",
             )
         if report.program is None:
             raise HostConnectionError(
@@ -241,6 +259,21 @@ def probe_remote_hosts(
             facts.interfaces[name] = local_route["interface"]
 
 
+def python_script(config: JobConfig, workdir: str) -> bool:
+    """Does COMMAND run with Python (``train.py``, or a non-executable file here)?"""
+    if config.no_python:
+        return False
+    path = Path(workdir, config.command[0])
+    head: bytes | None = None
+    try:
+        if path.is_file() and not os.access(path, os.X_OK):
+            with open(path, "rb") as f:
+                head = f.read(256)
+    except OSError:
+        pass
+    return is_python_script(config.command[0], head)
+
+
 def check_local_program(
     plan: Plan, site: Site, command: Sequence[str], workdir: str, environ: Mapping[str, str]
 ) -> None:
@@ -250,7 +283,13 @@ def check_local_program(
     if not Path(workdir).is_dir():
         raise UsageError(f"--workdir {workdir}: no such directory", "check the path")
     program = command[0]
-    if "/" in program:
+    if site.python_script:
+        if not Path(workdir, program).is_file():
+            raise UsageError(
+                f"script {program} not found in {workdir}",
+                "check the path, or pass --no-python to run a program of that name from PATH",
+            )
+    elif "/" in program:
         if not Path(workdir, program).exists():
             raise UsageError(f"program {program} not found on localhost", "check the path")
     elif shutil.which(program, path=environ.get("PATH")) is None:

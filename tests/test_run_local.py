@@ -425,3 +425,67 @@ def test_a_watchdog_killed_alone_fails_its_rank_and_leaves_nothing(mark: str) ->
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGKILL, err
     assert re.search(r"rank \d on localhost failed \(killed by SIGKILL\)", err), err
+
+
+TRAIN = "import os, sys; print(os.environ['RANK'], sys.executable)\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "mode"),
+    [
+        ("train.py", TRAIN, 0o644),  # torchrun's and deepspeed's way: no "python" needed
+        ("train", TRAIN, 0o644),  # a file that is not executable, no shebang
+        ("train", "#!/usr/bin/env python3\n" + TRAIN, 0o644),  # a Python shebang
+    ],
+)
+def test_a_python_script_runs_with_dtrains_interpreter(
+    tmp_path: Path, mark: str, name: str, text: str, mode: int
+) -> None:
+    script = tmp_path / name
+    script.write_text(text)
+    script.chmod(mode)
+    result = run_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(tagged(result.stdout, r)[0] for r in range(2)) == [
+        f"{r} {sys.executable}" for r in range(2)
+    ]
+
+
+def test_python_options_and_scripts_that_run_as_they_are(tmp_path: Path, mark: str) -> None:
+    (tmp_path / "train.py").write_text(TRAIN)
+    other = run_dtrain("run", "--python", "/usr/bin/python3", "train.py", cwd=tmp_path)
+    assert other.returncode == 0, other.stderr
+    assert tagged(other.stdout, 0) == ["0 /usr/bin/python3"]
+    shell = tmp_path / "run.sh"  # executable, with its own shebang: run as it is
+    shell.write_text("#!/bin/sh\necho shell $RANK\n")
+    shell.chmod(0o755)
+    assert tagged(run_dtrain("run", "./run.sh", cwd=tmp_path).stdout, 0) == ["shell 0"]
+    refused = run_dtrain("run", "--no-python", "train.py", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "program 'train.py' not found on PATH on localhost" in refused.stderr
+    missing = run_dtrain("run", "nothere.py", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert f"script nothere.py not found in {tmp_path}" in missing.stderr
+    plan = json.loads(run_dtrain("run", "--dry-run", "--json", "train.py", cwd=tmp_path).stdout)
+    assert plan[0]["argv"] == [sys.executable, "train.py"]
+    both = run_dtrain("run", "--python", "x", "--no-python", "train.py", cwd=tmp_path)
+    assert both.returncode == 2 and "--python and --no-python both given" in both.stderr
+
+
+def test_the_headline_usage(tmp_path: Path, mark: str) -> None:
+    """dtrain run -np 8 -H hosts train.py: a hostfile here, a script without python."""
+    (tmp_path / "hosts").write_text("localhost slots=8\n")
+    (tmp_path / "train.py").write_text(TRAIN)
+    result = run_dtrain(
+        "run",
+        "-np",
+        "8",
+        "-H",
+        "hosts",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "train.py",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(int(line.split()[1]) for line in result.stdout.splitlines()) == list(range(8))

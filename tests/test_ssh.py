@@ -7,6 +7,7 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -648,3 +649,30 @@ def test_paused_reader_does_not_stall_remote_teardown(
     assert b"rank 1 on node2 failed (exit code 3)" in err
     assert out.count(b"[0@node1] a line of output\n") > 0
     assert_nothing_left(ssh_hosts, mark)
+
+
+def test_a_python_script_runs_on_remote_hosts(
+    ssh_hosts: TestHosts, mark: str, tmp_path: Path
+) -> None:
+    (tmp_path / "train.py").write_text(
+        "import os, sys; print(os.environ['RANK'], sys.executable)\n"
+    )
+    result = run_dtrain(
+        "run",
+        *ssh(ssh_hosts),
+        "-H",
+        "node1,node2",
+        "-x",
+        f"DTRAIN_TEST_MARK={mark}",
+        "train.py",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    # The same interpreter path exists on the test hosts: the ranks run with it.
+    assert sorted(result.stdout.splitlines()) == [
+        f"[0@node1] 0 {sys.executable}",
+        f"[1@node2] 1 {sys.executable}",
+    ]
+    missing = run_dtrain("run", *ssh(ssh_hosts), "-H", "node1", "nothere.py", cwd=tmp_path)
+    assert missing.returncode == 1
+    assert f"node1: script nothere.py not found there in {tmp_path}" in missing.stderr
