@@ -265,12 +265,16 @@ def run(**options: Any) -> int:
 )
 @option("--oversubscribe", "Allow more workers than slots.", is_flag=True)
 @job_options
-@COMMAND
+@click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
 def ps_command(**options: Any) -> int:
     """Run a parameter-server job: chief, workers and ps tasks with their TF_CONFIG.
 
+    Without COMMAND: a standing TensorFlow cluster (workers and ps tasks serving) and the
+    TF_CONFIG for a coordinator on this machine; it runs until Ctrl-C or dtrain stop.
+
     \b
       dtrain ps --workers 3 --ps 1 -H node1:2,node2:2 python train.py
+      dtrain ps --workers 3 --ps 1
       dtrain ps --workers 2 --ps 1 --builtin-servers python coordinator.py
       dtrain ps --framework torch --workers 2 --ps 1 python rpc_train.py
     """

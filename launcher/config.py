@@ -138,11 +138,22 @@ class JobConfig:
         """A TensorFlow parameter-server job (TF_CONFIG with chief, workers and ps)."""
         return self.ps is not None and self.ps.tf
 
+    @property
+    def standing_cluster(self) -> bool:
+        """``dtrain ps`` without COMMAND: workers and ps serve, the coordinator is the user's."""
+        return self.ps is not None and not self.command
+
 
 def validate_config(config: JobConfig) -> JobConfig:
     """Every check that needs no file, host or process; raises ``UsageError``."""
-    if not config.command:
+    if not config.command and config.ps is None:
         raise UsageError("no command given", "write e.g. dtrain run -np 2 python train.py")
+    if not config.command and config.ps is not None and not config.ps.tf:
+        raise UsageError(
+            "dtrain ps --framework torch needs COMMAND: every torch.distributed.rpc task runs "
+            "your program",
+            "write e.g. dtrain ps --framework torch --workers 2 --ps 1 python rpc_train.py",
+        )
     view, placement = config.view, config.placement
     view.rank_set  # noqa: B018  # a bad --ranks list fails now, not after the job started
     if view.tag_format is not None:

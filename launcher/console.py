@@ -217,7 +217,8 @@ def format_plan(entries: Sequence[Mapping[str, object]]) -> list[str]:
         )
         argv = entry["argv"]
         assert isinstance(argv, list)
-        lines.append("  argv: " + " ".join(shell_quote(a) for a in argv))
+        shown = " ".join(shell_quote(a) for a in argv) or "(not started here: your coordinator)"
+        lines.append("  argv: " + shown)
         env = entry["env"]
         assert isinstance(env, dict)
         lines.extend(f"  env:  {k}={shell_quote(v)}" for k, v in env.items())

@@ -11,6 +11,7 @@ tests on a fake transport without a process.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -24,13 +25,14 @@ from launcher.clock import Clock
 from launcher.command import LaunchSpec, describe_specs
 from launcher.config import JobConfig, validate_config
 from launcher.env import resolve_env_args
-from launcher.hosts import parse_host_list
+from launcher.hosts import Host, parse_host_list
 from launcher.jobs import (
     STOP_MARK,
     JobDir,
     JobRecorder,
     jobs_root,
     new_job_id,
+    open_private,
     prepare_output_dir,
     write_json,
 )
@@ -176,7 +178,9 @@ class Attempt:
             if config.dry_run:
                 return DryRun(describe_specs(specs))
             transport = self.transports(surveyed, config, self.environ)
-            return Finished(self.supervise(plan, specs, specs, transport))
+            # A standing cluster's chief is the user's coordinator: not started here.
+            started = [s for s in specs if not (config.standing_cluster and s.role == "chief")]
+            return Finished(self.supervise(plan, specs, started, transport))
         finally:
             surveyed.close()
 
@@ -204,6 +208,8 @@ class Attempt:
         recorder = JobRecorder(job)
         recorder.write_plan(describe_specs(specs, hidden=self.extra.keys()))
         recorder.write_status("running", None)
+        if config.standing_cluster:
+            self.announce_cluster(job, specs)
         view, showing = self.frontend.open_view(self.job_id, plan)
         journal: OutputSink = recorder
         if mpi_launcher is not None:  # mpirun's tagged lines, split back per rank for each sink
@@ -246,6 +252,24 @@ class Attempt:
                 f"went on without it: dtrain logs {self.job_id} shows every line"
             )
         return result
+
+    def announce_cluster(self, job: JobDir, specs: Sequence[LaunchSpec]) -> None:
+        """Tell how a coordinator on this machine joins the standing cluster (and keep it in
+        the job directory, for a detached job)."""
+        tf_config = next(s.env["TF_CONFIG"] for s in specs if s.role == "chief")
+        export = f"export TF_CONFIG='{tf_config}' GRPC_FAIL_FAST=use_caller"
+        write_json(job.path / "tf_config.json", json.loads(tf_config))
+        with open_private(job.path / "coordinator.sh", "wb") as f:
+            f.write(f"{export}\n".encode())
+        cluster = json.dumps(json.loads(tf_config)["cluster"], separators=(",", ":"))
+        for line in (
+            f"dtrain: TensorFlow cluster: {cluster}",
+            "dtrain: run your coordinator (ParameterServerStrategy) on this machine with:",
+            f"    {export}",
+            f"dtrain: (also in {job.path / 'coordinator.sh'}); the cluster serves until "
+            f"Ctrl-C or dtrain stop {self.job_id}",
+        ):
+            self.frontend.notice(line)
 
     def report_drops(self, count: int) -> None:
         self.frontend.notice(
@@ -317,6 +341,8 @@ def plan_parameter_servers(config: JobConfig) -> Plan:
         chief=ps.tf,
         evaluator=ps.evaluator,
         oversubscribe=placement.oversubscribe,
+        # A standing cluster's coordinator is the user's, on this machine.
+        chief_host=Host("localhost") if config.standing_cluster else None,
     )
 
 
@@ -332,7 +358,7 @@ def bind_job_gpus(plan: Plan, surveyed: Survey, config: JobConfig) -> Plan:
 
 
 def builtin_server(config: JobConfig) -> ServerProgram | None:
-    """``--builtin-servers``: the TensorFlow server source that ps and workers run."""
-    if config.ps is None or not config.ps.builtin_servers:
+    """``--builtin-servers`` (or no COMMAND): the TensorFlow server that ps and workers run."""
+    if config.ps is None or not (config.ps.builtin_servers or config.standing_cluster):
         return None
     return ServerProgram(source=remote.source("tf_server"), local_python=sys.executable)

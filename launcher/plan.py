@@ -165,6 +165,7 @@ def plan_ps(
     chief: bool = True,
     evaluator: bool = False,
     oversubscribe: bool = False,
+    chief_host: Host | None = None,
 ) -> Plan:
     """Place a parameter-server job: chief, workers, ps tasks (and an evaluator).
 
@@ -174,6 +175,7 @@ def plan_ps(
     chief goes on the first worker host, the evaluator on the last.  Ranks are
     in TensorFlow's order (chief, workers, ps, evaluator), or with
     ``chief=False`` (torch.distributed.rpc) ps first, then workers.
+    ``chief_host`` puts the chief there instead (a coordinator the user runs).
     """
     if workers < 1 or ps < 1:
         raise PlanError(
@@ -185,13 +187,13 @@ def plan_ps(
     if not worker_side or not ps_side:
         raise PlanError("no hosts to place tasks on", "pass -H HOST[:SLOTS] or --hostfile FILE")
     all_hosts: list[Host] = []
-    for host in [*worker_side, *ps_side]:
+    for host in [*([chief_host] if chief_host else []), *worker_side, *ps_side]:
         if all(h.name != host.name for h in all_hosts):
             all_hosts.append(host)
     index = {h.name: i for i, h in enumerate(all_hosts)}
     counts = count_ranks_per_host(worker_side, workers, oversubscribe)
     worker_at = [index[worker_side[i].name] for i in assign_by_slot(counts)]
-    chief_at = [index[worker_side[0].name]] if chief else []
+    chief_at = [index[(chief_host or worker_side[0]).name]] if chief else []
     load = {i: worker_at.count(i) + chief_at.count(i) for i in index.values()}
     # Spread: least loaded ps hosts first, one ps each before any host gets a second.
     ps_order = sorted(ps_side, key=lambda h: (load[index[h.name]], ps_side.index(h)))

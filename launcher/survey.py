@@ -206,8 +206,8 @@ def probe_remote_hosts(
             facts.addresses[name] = our_address or name
     master = config.placement.master_addr or facts.addresses[plan.ranks[0].host.name]
 
-    program = config.command[0]
-    if facts.python_script and "/" not in program:
+    program = config.command[0] if config.command else None  # none: a standing TF cluster
+    if program and facts.python_script and "/" not in program:
         program = f"./{program}"  # a script is looked for in the working directory, not PATH
 
     def open_agent(name: str) -> Any:
@@ -237,13 +237,13 @@ def probe_remote_hosts(
                 f"{name}: working directory {workdir} does not exist there",
                 "create it (same path on every host), or pass --workdir",
             )
-        if report.program is None and facts.python_script:
+        if program is not None and report.program is None and facts.python_script:
             raise HostConnectionError(
                 f"{name}: script {config.command[0]} not found there in {workdir}",
                 "the same working directory must hold it on every host (a shared file "
                 "system, or a copy at the same path)",
             )
-        if report.program is None:
+        if program is not None and report.program is None:
             raise HostConnectionError(
                 f"{name}: program {config.command[0]!r} not found there (PATH, {workdir})",
                 "install it there, or give a path that exists on every host",
@@ -261,7 +261,7 @@ def probe_remote_hosts(
 
 def python_script(config: JobConfig, workdir: str) -> bool:
     """Does COMMAND run with Python (``train.py``, or a non-executable file here)?"""
-    if config.no_python:
+    if config.no_python or not config.command:
         return False
     path = Path(workdir, config.command[0])
     head: bytes | None = None
@@ -282,6 +282,8 @@ def check_local_program(
         return
     if not Path(workdir).is_dir():
         raise UsageError(f"--workdir {workdir}: no such directory", "check the path")
+    if not command:
+        return  # a standing TF cluster: the servers are dtrain's
     program = command[0]
     if site.python_script:
         if not Path(workdir, program).is_file():

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import JOBS, child_env, run_dtrain, start_dtrain, wait_until_gone
+from tests.conftest import (
+    JOBS,
+    REPO,
+    child_env,
+    run_dtrain,
+    start_dtrain,
+    wait_for_pids,
+    wait_until_gone,
+)
 
 needs_tf = pytest.mark.skipif(
     importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow-cpu"
@@ -258,3 +266,55 @@ def test_builtin_servers_are_for_tensorflow() -> None:
     result = run_dtrain("ps", "--framework", "torch", "--builtin-servers", "true")
     assert result.returncode == 2
     assert "--builtin-servers is for --framework tf" in result.stderr
+
+
+@needs_tf
+@pytest.mark.slow
+def test_a_standing_cluster_serves_a_coordinator(mark: str, tmp_path: Path) -> None:
+    """dtrain ps --workers 2 --ps 1 with no program: the servers run until stopped, and a
+    ParameterServerStrategy coordinator started by hand with the printed TF_CONFIG trains."""
+    proc = start_dtrain("ps", "--workers", "2", "--ps", "1", "-x", f"DTRAIN_TEST_MARK={mark}")
+    try:
+        wait_for_pids(mark, 3 * 2)  # per task: its watchdog and its server
+        job = max(JOBS.iterdir(), key=lambda p: p.name)
+        deadline = time.monotonic() + 30
+        while not (job / "coordinator.sh").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        tf_config = json.loads((job / "tf_config.json").read_text())
+        assert tf_config["task"] == {"type": "chief", "index": 0}
+        assert [len(tf_config["cluster"][r]) for r in ("chief", "worker", "ps")] == [1, 2, 1]
+        env = {**child_env(), "TF_CONFIG": json.dumps(tf_config), "GRPC_FAIL_FAST": "use_caller"}
+        coordinator = subprocess.run(
+            [
+                sys.executable,
+                "examples/tf_ps_train.py",
+                "--epochs",
+                "3",
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=240,
+        )
+        assert coordinator.returncode == 0, coordinator.stderr[-3000:]
+        assert accuracy_of(coordinator.stdout) >= 0.85
+        assert proc.poll() is None  # the cluster outlives its coordinator
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130
+        assert "export TF_CONFIG='" in err and "interrupted by SIGINT; stopped 3 ranks" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert wait_until_gone(mark) == []
+
+
+def test_a_standing_cluster_is_for_tensorflow() -> None:
+    result = run_dtrain("ps", "--framework", "torch", "--workers", "2")
+    assert result.returncode == 2
+    assert "dtrain ps --framework torch needs COMMAND" in result.stderr
