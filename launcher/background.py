@@ -116,7 +116,7 @@ def stop_job(root: Path, wanted: str) -> str:
     found = find_job(root, wanted)
     status = found.status()
     state = found.state()  # "lost" when the recorded pid now names another process
-    if state != "running":
+    if state not in ("running", "starting"):
         raise UsageError(f"job {found.id} is not running ({state})", "see dtrain jobs")
     pid = int(status.get("launcher_pid", 0))
     host = status.get("launcher_host")

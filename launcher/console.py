@@ -200,8 +200,8 @@ def describe_stopped(result: JobResult, others: bool) -> str:
     else:
         text = f"stopped the {count} rank{plural} still running"
     if result.sigkilled:
-        text += f" ({result.sigkilled} with SIGKILL"
-        text += f" after the {result.grace_s:g} s grace)" if result.grace_s else ")"
+        cause = f" {result.kill_cause}" if result.kill_cause else ""
+        text += f" ({result.sigkilled} with SIGKILL{cause})"
     return text
 
 

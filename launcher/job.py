@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -41,7 +42,7 @@ from launcher.outcome import JobResult, OutputSink
 from launcher.outlets import Fanout, Outlet
 from launcher.plan import Plan, bind_gpus, bind_ps_gpus, plan_ps, plan_ranks
 from launcher.specs import ServerProgram, build_job_specs
-from launcher.supervisor import Supervisor
+from launcher.supervisor import Supervisor, caught_signals
 from launcher.survey import (
     Survey,
     check_local_program,
@@ -235,23 +236,40 @@ class Attempt:
             worker_restarts=config.ps.restart_workers if config.ps is not None else 0,
         )
         showing.__enter__()
+        result: JobResult | None = None
         try:
             result = supervisor.run()
+            if mpi_launcher is not None:
+                result = mpi_failure(result, mpi_output, plan)
         except BaseException:
             recorder.finish_error()  # the record says how it ended, whatever happened
+            output.give_up_views()
             raise
         finally:
-            if not view_outlet.thread.is_alive():  # a view still stuck on a paused terminal
-                showing.__exit__(None, None, None)  # would hang here: it is left behind
-        if mpi_launcher is not None:
-            result = mpi_failure(result, mpi_output, plan)
-        recorder.finish(result, stopped=(job.path / STOP_MARK).exists())
+            # The record first: a terminal that does not read must not leave it "running".
+            if result is not None:
+                recorder.finish(result, stopped=(job.path / STOP_MARK).exists())
+            self.finish_view(output, showing, interrupted=supervisor.stop_requested)
         if view_outlet.failed:
             self.frontend.notice(
                 f"dtrain: warning: the terminal view failed ({view_outlet.error!r}); the job "
                 f"went on without it: dtrain logs {self.job_id} shows every line"
             )
         return result
+
+    def finish_view(
+        self, output: Fanout, showing: AbstractContextManager[Any], interrupted: bool
+    ) -> None:
+        """Let the terminal show what is left: as long as it takes, unless dtrain is signalled
+        (before or now), when a view that does not keep up is left behind."""
+        stop = threading.Event()
+        with caught_signals(lambda signum: stop.set(), enabled=True):
+            done = output.finish_views(interrupted, stop)
+        if done:  # a view still stuck on a paused terminal would hang here: left behind
+            try:
+                showing.__exit__(None, None, None)
+            except (OSError, ValueError):
+                pass  # the terminal is gone (closed window, hung-up session)
 
     def announce_cluster(self, job: JobDir, specs: Sequence[LaunchSpec]) -> None:
         """Tell how a coordinator on this machine joins the standing cluster (and keep it in

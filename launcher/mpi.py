@@ -27,7 +27,15 @@ from launcher.command import LaunchSpec
 from launcher.config import JobConfig
 from launcher.errors import UsageError
 from launcher.hosts import Host
-from launcher.outcome import JobResult, OutputSink, RankReport, RankState, Stream
+from launcher.outcome import (
+    STREAMS,
+    JobResult,
+    OutputSink,
+    RankReport,
+    RankState,
+    Stream,
+    build_rank_report,
+)
 from launcher.plan import Plan
 from launcher.specs import NIC_VARIABLES, Site
 
@@ -37,6 +45,7 @@ MPI_FIRST_SIGNAL = re.compile(
     r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)"
 )
 TAIL_LINES = 20
+TAIL_LINE_BYTES = 4096
 # Variables that differ per rank: mpirun sets its own (OMPI_COMM_WORLD_*) instead.
 PER_RANK_VARIABLES = (
     "RANK",
@@ -241,7 +250,7 @@ class MpiOutput:
         self.specs = specs
         self.launcher = launcher
         self.own_lines: list[str] = []
-        self.tails: dict[int, deque[str]] = {}
+        self.tails: dict[int, dict[Stream, deque[bytes]]] = {}  # last lines per rank, stream
 
     def update(self, state: RankState) -> None:
         """mpirun's state stands for every rank it runs (mpirun tells no more)."""
@@ -262,10 +271,11 @@ class MpiOutput:
             else:
                 key, text = (-1, stream), line
                 self.own_lines.append(line.decode("utf-8", "replace"))
-            if key[0] >= 0 and key[1] == "stderr":
-                self.tails.setdefault(key[0], deque(maxlen=TAIL_LINES)).append(
-                    text.decode("utf-8", "replace")
+            if key[0] >= 0:
+                tails = self.tails.setdefault(
+                    key[0], {s: deque(maxlen=TAIL_LINES) for s in STREAMS}
                 )
+                tails[key[1]].append(text[:TAIL_LINE_BYTES])
             if key != current and batch and current is not None:
                 self.forward(current, batch)
                 batch = []
@@ -312,7 +322,8 @@ def mpi_failure(result: JobResult, output: MpiOutput, plan: Plan) -> JobResult:
     result = dataclasses.replace(
         result,
         world_size=plan.world_size,
-        stopped=stopping if result.stopped else 0,
+        # mpirun stops the other ranks itself when one fails (dtrain stopped mpirun, or not)
+        stopped=stopping if result.stopped or result.failure is not None else 0,
         sigkilled=stopping if result.sigkilled else 0,
     )
     if result.failure is None:
@@ -322,11 +333,9 @@ def mpi_failure(result: JobResult, output: MpiOutput, plan: Plan) -> JobResult:
         failure = dataclasses.replace(result.failure, host="mpirun", rank=-1)
     else:
         rank, status = first
-        failure = RankReport(
-            rank=rank,
-            host=plan.ranks[rank].host.name if rank < plan.world_size else "?",
-            status=status,
-            last_lines=tuple(output.tails.get(rank, ())),
-            stream="stderr",
-        )
+        spec = output.specs.get(rank)
+        if spec is None:  # a rank mpirun named but dtrain did not place
+            failure = RankReport(rank, "?", status, (), "stderr")
+        else:
+            failure = build_rank_report(spec, status, output.tails.get(rank, {}))
     return dataclasses.replace(result, world_size=plan.world_size, failure=failure)

@@ -54,8 +54,8 @@ class JobResult:
     interrupt: int | None = None
     statuses: dict[int, int | None] = field(default_factory=dict)
     stopped: int = 0  # ranks that were still running and had to be stopped
-    sigkilled: int = 0  # ...of which had to be SIGKILLed (after the grace period, or Ctrl-C twice)
-    grace_s: float = 0.0
+    sigkilled: int = 0  # ...of which had to be SIGKILLed
+    kill_cause: str | None = None  # "after the 5 s grace", "at the second signal"
 
 
 class OutputSink(Protocol):

@@ -12,7 +12,9 @@ the job goes on without it, and nothing waits on it again.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from launcher.command import LaunchSpec
 
 RANK_BUFFER_BYTES = 1 << 20  # per rank and outlet: what may wait for a slow sink
+FINISH_POLL_S = 0.1  # how often a finishing wait looks for a signal
 LINE_OVERHEAD_BYTES = 64  # a line's cost beyond its text (list slot, bytes object)
 
 
@@ -151,14 +154,27 @@ class Outlet:
                 self.queue.abandon()
                 return
 
-    def finish(self, timeout_s: float | None) -> bool:
-        """Let the writer empty the queue (at most ``timeout_s``); False: given up on."""
+    def finish(self, timeout_s: float | None, stop: threading.Event | None = None) -> bool:
+        """Let the writer empty the queue: at most ``timeout_s``, and once ``stop`` is set (a
+        signal to dtrain) at most its patience more.  False: given up on."""
         self.queue.close()
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            self.queue.abandon()
-            return False
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+        stopping = False
+        while self.thread.is_alive():
+            now = time.monotonic()
+            if stop is not None and stop.is_set() and not stopping:
+                stopping = True
+                deadline = min(deadline, now + (self.patience_s or 0.0))
+            if now >= deadline:
+                self.queue.abandon()
+                return False
+            self.thread.join(min(FINISH_POLL_S, deadline - now))
         return True
+
+    @property
+    def is_view(self) -> bool:
+        """A view may be given up on (it has a patience); a journal never is."""
+        return self.patience_s is not None
 
     @property
     def failed(self) -> bool:
@@ -180,9 +196,24 @@ class Fanout:
         for outlet in self.outlets:
             outlet.queue.put_state(state)
 
-    def finish(self, interrupted: bool) -> None:
-        """Close every outlet in turn and let its writer empty it: as long as it takes, but
-        after Ctrl-C or SIGTERM at most its patience (a paused terminal must not keep a
-        stopped job alive)."""
+    def finish_journals(self) -> None:
+        """Let every journal (the job directory) write all it has, however long it takes."""
         for outlet in self.outlets:
-            outlet.finish(outlet.patience_s if interrupted else None)
+            if not outlet.is_view:
+                outlet.finish(None)
+
+    def finish_views(self, interrupted: bool, stop: threading.Event | None = None) -> bool:
+        """Let every view show what it has: as long as it takes, but after Ctrl-C or SIGTERM
+        (before, or ``stop`` during the wait) at most its patience: a paused terminal must
+        not keep a stopped job alive.  False: a view was given up on."""
+        done = True
+        for outlet in self.outlets:
+            if outlet.is_view:
+                done &= outlet.finish(outlet.patience_s if interrupted else None, stop)
+        return done
+
+    def give_up_views(self) -> None:
+        """Ctrl-C twice: drop what the views still hold, so nothing waits on them."""
+        for outlet in self.outlets:
+            if outlet.is_view:
+                outlet.queue.abandon()

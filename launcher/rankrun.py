@@ -23,6 +23,7 @@ from launcher.outlets import Fanout
 from launcher.transport.base import Process
 
 TAIL_LINES = 20
+TAIL_LINE_BYTES = 4096  # of each line kept for the failure report: memory stays bounded
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class RankRun:
         tail = self.tails[stream]
 
         def on_lines(lines: list[bytes]) -> None:
-            tail.extend(lines)
+            tail.extend(line[:TAIL_LINE_BYTES] for line in lines)
             self.output.post_lines(self.spec, stream, lines)
 
         pump_stream(lambda size: self.process.read(stream, size), on_lines, copy)

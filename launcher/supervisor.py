@@ -82,6 +82,7 @@ class Supervisor:
         self.specs = list(specs)
         self.transport = transport
         # Lines go from the ranks' readers to the outlets' writers; the loop posts states only.
+        # A bare sink is a journal: run() returns once it has everything.
         self.output = sink if isinstance(sink, Fanout) else Fanout([Outlet(sink)])
         self.grace_s = grace_s
         self.clock: Clock = clock or SystemClock()
@@ -96,6 +97,7 @@ class Supervisor:
         self.killed = False
         self.stopped: set[int] = set()  # ranks this supervisor had to signal
         self.sigkilled: set[int] = set()  # ...and those it had to SIGKILL
+        self.kill_cause: str | None = None  # why SIGKILL: the grace ran out, a second signal
 
     # -- the loop ---------------------------------------------------------
 
@@ -114,7 +116,7 @@ class Supervisor:
             finally:
                 self.teardown()
                 self.transport.close()
-                self.output.finish(interrupted=self.stop_requested)
+                self.output.finish_journals()  # the views are the job's to finish
         return JobResult(
             exit_code=state.exit_code,
             world_size=len(self.specs),
@@ -124,7 +126,7 @@ class Supervisor:
             statuses={r: run.status for r, run in self.runs.items()},
             stopped=len(self.stopped),
             sigkilled=len(self.sigkilled),
-            grace_s=self.grace_s,
+            kill_cause=self.kill_cause,
         )
 
     def on_signal(self, signum: int) -> None:
@@ -148,6 +150,11 @@ class Supervisor:
                 self.signal_running(signal.SIGTERM)
                 deadline = self.clock.now() + self.grace_s
             elif isinstance(action, KillAll):
+                if isinstance(event, Interrupted):  # a second Ctrl-C: kill, and show no more
+                    self.kill_cause = "at the second signal"
+                    self.output.give_up_views()
+                else:
+                    self.kill_cause = f"after the {self.grace_s:g} s grace"
                 self.signal_running(signal.SIGKILL)
                 deadline = self.clock.now() + KILL_WAIT_S
 

@@ -72,9 +72,23 @@ def test_failing_rank_under_mpi_gives_its_code_and_leaves_nothing(mark: str) -> 
         "run", "--mpi", "-np", "3", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script
     )
     assert result.returncode == 4
-    assert "dtrain: rank 2 on localhost failed (exit code 4)" in result.stderr
+    assert (
+        "dtrain: rank 2 on localhost failed (exit code 4); stopped the other 2 ranks"
+        in result.stderr
+    )
     assert "    rank two gives up" in result.stderr.splitlines()
     assert wait_until_gone(mark) == []
+
+
+def test_mpi_summary_shows_stdout_when_stderr_is_empty(mark: str) -> None:
+    script = "if [ $OMPI_COMM_WORLD_RANK = 1 ]; then echo step 1; echo step 2; exit 5; fi; sleep 30"
+    result = run_dtrain(
+        "run", "--mpi", "-np", "3", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script
+    )
+    assert result.returncode == 5
+    lines = result.stderr.splitlines()
+    assert "dtrain: last stdout lines of rank 1:" in lines
+    assert lines[-2:] == ["    step 1", "    step 2"]
 
 
 def test_rank_killed_by_signal_under_mpi(mark: str) -> None:

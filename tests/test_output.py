@@ -233,3 +233,27 @@ def test_json_into_head_ends_the_view_not_the_job(mark: str) -> None:
     (job,) = set(JOBS.iterdir()) - before
     assert JobDir(job).status()["state"] == "succeeded"
     assert JobDir(job).log_path(1).read_bytes().count(b" o ") == 301
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_job_behind_a_paused_reader_is_recorded_and_ends_on_sigterm(
+    mark: str, start_unread: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    before = set(JOBS.iterdir())
+    proc = start_unread(
+        "run", "--plain", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", CHATTY
+    )
+    wait_for_pids(mark, 2)
+    deadline = time.monotonic() + 30
+    while marked_pids(mark):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    (job,) = set(JOBS.iterdir()) - before
+    while JobDir(job).status().get("state") == "running":  # recorded before the view is done
+        assert time.monotonic() < deadline, "the job stayed 'running' behind a paused reader"
+        time.sleep(0.05)
+    assert JobDir(job).status()["state"] == "failed"
+    assert proc.poll() is None  # still showing rank 0's lines to a reader that waits
+    proc.send_signal(signal.SIGTERM)  # the user gives up on the view
+    proc.wait(timeout=15)
+    assert proc.returncode == 3  # the job's own exit code, not the signal's

@@ -145,3 +145,20 @@ def test_summary_counts_the_ranks_actually_stopped() -> None:
     )
     alone, _, _ = supervise({0: ({}, 0, False), 1: ({}, 4, False)}, delays={1: 0.5})
     assert "no other rank was running" in format_failure(alone)[0]
+
+
+def test_a_second_interrupt_says_it_killed_at_once() -> None:
+    from launcher.console import format_failure
+
+    clock = FakeClock()
+    transport = FakeTransport({0: ({}, None, True), 1: ({}, None, True)}, clock)
+    supervisor = Supervisor(
+        specs(2), transport, RecordingSink(), grace_s=60, handle_signals=False, clock=clock
+    )
+    supervisor.events.put(Signalled(signal.SIGINT))
+    supervisor.events.put(Signalled(signal.SIGINT))
+    result = supervisor.run()
+    assert format_failure(result) == [
+        "dtrain: interrupted by SIGINT; stopped 2 ranks (2 with SIGKILL at the second signal); "
+        "dtrain exits 130"
+    ]

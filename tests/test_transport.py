@@ -105,3 +105,24 @@ def test_agent_frames_are_taken_whole_whatever_the_chunks() -> None:
     got = [host.next_frame() for _ in range(len(frames))]
     assert got == [(i % 7, agent.STDOUT, b"x" * (i % 50)) for i in range(100_000)]
     assert channel.data == b""
+
+
+def test_watchdogs_are_reaped_and_their_pipes_closed() -> None:
+    transport = LocalTransport(dict(os.environ), grace_s=1.0)
+    before = len(os.listdir("/proc/self/fd"))
+    processes = [
+        transport.start(LaunchSpec(0, Host("localhost"), 0, argv=("true",), env={}))
+        for _ in range(20)
+    ]
+    for process in processes:
+        while process.read("stdout", 65536) or process.read("stderr", 65536):
+            pass
+        assert process.wait() == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        zombies = [p for p in processes if p.popen.poll() is None]  # type: ignore[attr-defined]
+        if not zombies and len(os.listdir("/proc/self/fd")) <= before:
+            break
+        time.sleep(0.05)
+    assert all(p.popen.returncode == 0 for p in processes)  # type: ignore[attr-defined]
+    assert len(os.listdir("/proc/self/fd")) <= before  # no lifeline left open

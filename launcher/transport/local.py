@@ -59,12 +59,18 @@ class LocalProcess:
         else:  # the watchdog was killed (OOM killer, kill -9): end its group for it
             code = self.popen.wait()
             signal_group(self.pid, signal.SIGKILL)
-        if self.popen.poll() is not None:
-            try:
-                self.lifeline.close()  # the watchdog is gone: no fd outlives it
-            except OSError:
-                pass
+        # The watchdog still ends what the program left (it may still need our signals):
+        # reap it, and close its lifeline, once it is done, in the background.
+        threading.Thread(target=self.reap, daemon=True).start()
         return code
+
+    def reap(self) -> None:
+        """Wait for the watchdog (no zombie), then close its lifeline (no fd outlives it)."""
+        self.popen.wait()
+        try:
+            self.lifeline.close()
+        except OSError:
+            pass
 
     def signal(self, signum: int) -> None:
         """Ask the watchdog to signal every process of the rank; SIGKILL is also enforced here."""

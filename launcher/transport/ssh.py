@@ -353,10 +353,10 @@ def tunnel(jump: SshConnection, target: SshTarget, settings: SshSettings) -> par
             ("127.0.0.1", 0),
             timeout=settings.timeout_s,
         )
-    except paramiko.ChannelException as exc:
+    except paramiko.SSHException as exc:  # refused (ChannelException), or no answer in time
         raise HostConnectionError(
             f"{target.alias}: the jump host {jump.host.name} cannot reach "
-            f"{target.hostname}:{target.port} ({exc.text or exc})",
+            f"{target.hostname}:{target.port} ({getattr(exc, 'text', None) or exc})",
             f"check the name and port, and that {jump.host.name} can reach it (ProxyJump)",
         ) from None
 
