@@ -12,15 +12,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from launcher.config import (
-    DEFAULT_GRACE_S,
-    DEFAULT_HOST_TIMEOUT_S,
-    DEFAULT_SSH_TIMEOUT_S,
     JobConfig,
     MpiConfig,
     PsConfig,
@@ -30,6 +27,7 @@ from launcher.config import (
     pick,
 )
 from launcher.errors import LauncherError
+from launcher.options import COUNT, host_options, job_options, option, ssh_options
 
 if TYPE_CHECKING:
     from launcher.hosts import Host
@@ -44,159 +42,12 @@ def cli() -> None:
 
     \b
       dtrain run -np 4 python train.py
+      dtrain run -np 8 -H hosts train.py          # hosts: a hostfile here
       dtrain run -np 8 -H gpu1:4,gpu2:4 python train.py
+      dtrain ps --workers 3 --ps 1                # a standing TensorFlow cluster
+      dtrain logs -f                              # follow the latest job's output
       dtrain run --dry-run --json -np 8 --hostfile hosts python train.py
-      dtrain hosts --hostfile hosts
     """
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Decorator(Protocol):
-    def __call__(self, command: F, /) -> F: ...
-
-
-def option(declarations: str, help: str, **settings: Any) -> Decorator:
-    """``click.option`` with its flags (and the config field it sets) in one string."""
-    return click.option(*declarations.split(), help=help, **settings)
-
-
-def stacked(*decorators: Decorator) -> Decorator:
-    """One decorator applying several, in the order given (the first is listed first)."""
-
-    def apply(command: F) -> F:
-        for decorator in reversed(decorators):
-            command = decorator(command)
-        return command
-
-    return apply
-
-
-SECONDS = {"metavar": "SECONDS", "show_default": True}
-COUNT = {"metavar": "N", "show_default": True}
-host_options = stacked(
-    option(
-        "-H --host host_lists",
-        "Hosts and slots, e.g. -H a:4,b:4 or -H a,a,b (repeatable).",
-        multiple=True,
-        metavar="HOST[:SLOTS],...",
-    ),
-    option(
-        "--hostfile",
-        "Hostfile (Open MPI/DeepSpeed 'host slots=N', Horovod/MPICH 'host:N', one per line).",
-        metavar="FILE",
-    ),
-)
-# The ssh flags a user would give ssh itself; ~/.ssh/config supplies the rest.
-ssh_options = stacked(
-    option("--ssh-config config_file", "ssh config file (default ~/.ssh/config).", metavar="FILE"),
-    option(
-        "--ssh-port port",
-        "SSH port for every host (overrides the config).",
-        type=click.IntRange(1, 65535),
-        metavar="PORT",
-    ),
-    option("--ssh-identity identity", "Private key to log in with.", metavar="KEY"),
-    option(
-        "--ssh-timeout timeout_s",
-        "Connect timeout per host.",
-        type=click.FloatRange(0.1),
-        default=DEFAULT_SSH_TIMEOUT_S,
-        **SECONDS,
-    ),
-    option(
-        "--host-timeout host_timeout_s",
-        "A host whose agent is silent this long (it beats every 5 s at most) is lost.",
-        type=click.FloatRange(1),
-        default=DEFAULT_HOST_TIMEOUT_S,
-        **SECONDS,
-    ),
-    option(
-        "--accept-new-host-keys",
-        "Trust hosts not yet in known_hosts and record their keys.",
-        is_flag=True,
-    ),
-)
-# What every rank of a job gets: rendezvous, variables, GPUs, directory, the grace period.
-rank_options = stacked(
-    option(
-        "--master-port",
-        "Rendezvous port (default: a free port on rank 0's host).",
-        type=click.IntRange(1, 65535),
-        metavar="PORT",
-    ),
-    option(
-        "-x exports",
-        "Export a variable to every rank; NAME alone copies it from here.",
-        multiple=True,
-        metavar="NAME[=VALUE]",
-    ),
-    option(
-        "--env-file env_files",
-        "Variables for every rank, dotenv syntax (repeatable).",
-        multiple=True,
-        metavar="FILE",
-    ),
-    option("--gpus-per-rank", "Bind K GPUs to each rank.", type=int, metavar="K"),
-    option(
-        "--no-gpu-binding gpu_binding",
-        "Leave CUDA_VISIBLE_DEVICES alone.",
-        flag_value=False,
-        default=True,
-    ),
-    option("--workdir", "Working directory of the ranks (default: here).", metavar="DIR"),
-    option(
-        "--python",
-        "Interpreter for a Python script COMMAND (train.py runs as PYTHON train.py). Default: "
-        "dtrain's own; on other hosts the same path if it exists there, else python3.",
-        metavar="PATH",
-    ),
-    option(
-        "--no-python", "Run COMMAND as given, even train.py (as torchrun's flag).", is_flag=True
-    ),
-    option(
-        "--grace grace_s",
-        "Time between SIGTERM and SIGKILL when stopping ranks.",
-        type=click.FloatRange(0),
-        default=DEFAULT_GRACE_S,
-        **SECONDS,
-    ),
-)
-# What the terminal shows, and where the job runs from.
-view_options = stacked(
-    option(
-        "--tag-format",
-        "Tag of each output line; fields {rank} {host} {local_rank} {node_rank} {role} {time}.",
-        metavar="FORMAT",
-    ),
-    option(
-        "--output-dir",
-        "Also write each rank's output to DIR/rank.N/stdout and stderr.",
-        metavar="DIR",
-    ),
-    option("--color/--no-color", "Colour rank tags (default: on a terminal).", default=None),
-    option(
-        "--dry-run", "Print the plan (ranks, commands, environment); start nothing.", is_flag=True
-    ),
-    option(
-        "--json as_json",
-        "Output as JSON lines (time, host, rank, role, stream, text); with --dry-run the plan.",
-        is_flag=True,
-    ),
-    option("--job-dir", "Where job directories live (default ~/.dtrain/jobs).", metavar="DIR"),
-    option("--detach", "Run in the background; follow with dtrain logs -f.", is_flag=True),
-    option("--plain", "Plain tagged lines, no live status view.", is_flag=True),
-    option("--ranks", "Show only these ranks (e.g. 0,3); all are logged.", metavar="LIST"),
-    option("--quiet", "Show only the summary; all is logged.", is_flag=True),
-    option(
-        "--lossy-view lossy",
-        "When the terminal falls behind, drop lines from it (counted) instead of slowing the "
-        "ranks; the job directory keeps every line.",
-        is_flag=True,
-    ),
-)
-job_options = stacked(host_options, rank_options, view_options, ssh_options)
 
 
 COMMAND = click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -230,7 +81,14 @@ JOB_COMMAND = {**CONTEXT, "allow_interspersed_args": False}  # options after COM
 @job_options
 @COMMAND
 def run(**options: Any) -> int:
-    """Run COMMAND as N ranks over the hosts, with torch.distributed variables set."""
+    """Run COMMAND as N ranks over the hosts, with torch.distributed variables set.
+
+    \b
+      dtrain run -np 4 python train.py
+      dtrain run -np 8 -H hosts train.py          # hosts: a hostfile here; train.py: Python
+      dtrain run -np 8 -H node1:4,node2:4 python train.py
+      dtrain run --mpi -np 4 python mpi_train.py
+    """
     mpi = MpiConfig(options["mpirun"]) if options["mpi"] else None
     return start_job(config_from_options(options, mpi=mpi))
 

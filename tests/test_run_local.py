@@ -77,10 +77,12 @@ def test_failing_rank_stops_the_others_and_sets_the_exit_code(mark: str) -> None
         for line in result.stderr.splitlines()
         if line.startswith("dtrain:") and not line.startswith("dtrain: job ")
     ]
-    assert summary[0] == (
-        "dtrain: rank 2 on localhost failed (exit code 3); "
-        "stopped the other 3 ranks; dtrain exits 3"
+    # (Under heavy load a rank may still be starting when SIGTERM comes, and need SIGKILL
+    # after the grace: the summary then says so before "; dtrain exits 3".)
+    assert summary[0].startswith(
+        "dtrain: rank 2 on localhost failed (exit code 3); stopped the other 3 ranks"
     )
+    assert summary[0].endswith("; dtrain exits 3")
     assert "    dying now" in result.stderr.splitlines()
     assert wait_until_gone(mark) == []
 
