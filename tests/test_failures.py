@@ -125,32 +125,34 @@ def kill_watchdog(proc: subprocess.Popen[str], hosts: TestHosts, mark: str) -> N
 
 
 STOPPED_5 = "stopped the other 5 ranks"
+# The victim fails once the test says so: after every rank has started, however slow.
+AWAIT_TRIGGER = 'while [ ! -e "$DTRAIN_TEST_TRIGGER" ]; do sleep 0.05; done'
 RUN_ON = "sleep 300 & wait"
 IGNORE_TERM = "trap '' TERM; sleep 300 & while :; do sleep 0.1; done"
 CELLS = {
     "rank exits 1": Cell(
-        f"if [ $RANK = {VICTIM} ]; then sleep 1; exit 1; fi; {RUN_ON}",
+        f"if [ $RANK = {VICTIM} ]; then {AWAIT_TRIGGER}; exit 1; fi; {RUN_ON}",
         nothing,
         1,
         f"rank 3 on node2 failed (exit code 1); {STOPPED_5}",
         5,
     ),
     "rank SIGKILLed": Cell(
-        f"if [ $RANK = {VICTIM} ]; then sleep 1; kill -KILL $$; fi; {RUN_ON}",
+        f"if [ $RANK = {VICTIM} ]; then {AWAIT_TRIGGER}; kill -KILL $$; fi; {RUN_ON}",
         nothing,
         128 + signal.SIGKILL,
         "rank 3 on node2 failed (killed by SIGKILL",
         5,
     ),
     "rank segfaults": Cell(
-        f"if [ $RANK = {VICTIM} ]; then sleep 1; kill -SEGV $$; fi; {RUN_ON}",
+        f"if [ $RANK = {VICTIM} ]; then {AWAIT_TRIGGER}; kill -SEGV $$; fi; {RUN_ON}",
         nothing,
         128 + signal.SIGSEGV,
         f"rank 3 on node2 failed (killed by SIGSEGV); {STOPPED_5}",
         5,
     ),
     "rank ignores SIGTERM": Cell(
-        f"if [ $RANK = {VICTIM} ]; then sleep 1; exit 1; fi; {IGNORE_TERM}",
+        f"if [ $RANK = {VICTIM} ]; then {AWAIT_TRIGGER}; exit 1; fi; {IGNORE_TERM}",
         nothing,
         1,
         f"rank 3 on node2 failed (exit code 1); {STOPPED_5} (5 with SIGKILL after the 2 s grace)",
@@ -203,8 +205,9 @@ CELLS = {
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("name", list(CELLS))
-def test_failure_cell(name: str, ssh_hosts: TestHosts, mark: str) -> None:
+def test_failure_cell(name: str, ssh_hosts: TestHosts, mark: str, tmp_path: Path) -> None:
     cell, hosts = CELLS[name], ssh_hosts
+    trigger = tmp_path / "fail-now"  # the test hosts share this file system
     proc = start_dtrain(
         "run",
         "--ssh-config",
@@ -218,6 +221,8 @@ def test_failure_cell(name: str, ssh_hosts: TestHosts, mark: str) -> None:
         HOSTS,
         "-x",
         f"DTRAIN_TEST_MARK={mark}",
+        "-x",
+        f"DTRAIN_TEST_TRIGGER={trigger}",
         "sh",
         "-c",
         cell.script,
@@ -225,6 +230,7 @@ def test_failure_cell(name: str, ssh_hosts: TestHosts, mark: str) -> None:
     try:
         wait_for_pids(mark, 6)
         injected = time.monotonic()
+        trigger.touch()
         cell.inject(proc, hosts, mark)
         _, err = proc.communicate(timeout=90)
         wait_clean(hosts, mark, timeout_s=cell.clean_s + 10)
@@ -244,7 +250,10 @@ def test_failure_cell(name: str, ssh_hosts: TestHosts, mark: str) -> None:
 
 
 MPI_CELLS = {
-    "rank exits 1": (f"if [ $OMPI_COMM_WORLD_RANK = 1 ]; then sleep 1; exit 1; fi; {RUN_ON}", None),
+    "rank exits 1": (
+        f"if [ $OMPI_COMM_WORLD_RANK = 1 ]; then {AWAIT_TRIGGER}; exit 1; fi; {RUN_ON}",
+        None,
+    ),
     "Ctrl-C": (RUN_ON, signal.SIGINT),
     "dtrain SIGKILLed": (RUN_ON, signal.SIGKILL),
 }
@@ -252,9 +261,10 @@ MPI_CELLS = {
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("name", list(MPI_CELLS))
-def test_mpi_failure_cell(name: str, ssh_hosts: TestHosts, mark: str) -> None:
+def test_mpi_failure_cell(name: str, ssh_hosts: TestHosts, mark: str, tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     script, signum = MPI_CELLS[name]
+    trigger = tmp_path / "fail-now"
     proc = start_dtrain(
         "run",
         "--mpi",
@@ -266,12 +276,15 @@ def test_mpi_failure_cell(name: str, ssh_hosts: TestHosts, mark: str) -> None:
         "node1,node2",
         "-x",
         f"DTRAIN_TEST_MARK={mark}",
+        "-x",
+        f"DTRAIN_TEST_TRIGGER={trigger}",
         "sh",
         "-c",
         script,
     )
     try:
         wait_for_pids(mark, 2)
+        trigger.touch()
         if signum is not None:
             time.sleep(0.5)
             proc.send_signal(signum)
