@@ -61,10 +61,16 @@ class LineView:
         self.clock = clock
         self.prefixes: dict[tuple[int, Stream], str] = {}
         self.broken: set[TextIO] = set()
+        self.announced: dict[int, int] = {}  # rank -> the restart last announced
 
     def update(self, state: RankState) -> None:
-        """Rank states are not shown line by line, but a restart is announced."""
-        if state.restarts and state.status is None:
+        """Rank states are not shown line by line, but a restart is announced (once)."""
+        if (
+            state.restarts
+            and state.status is None
+            and self.announced.get(state.rank) != (state.restarts)
+        ):
+            self.announced[state.rank] = state.restarts
             role = f" ({state.role})" if state.role != "worker" else " (worker)"
             self.files["stderr"].write(
                 f"dtrain: restarted rank {state.rank}{role} on {state.host} "

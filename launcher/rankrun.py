@@ -39,11 +39,18 @@ class Exit:
 
 
 @dataclass(frozen=True)
+class Started:
+    """A remote rank's pid is known (its agent started it)."""
+
+    run: RankRun
+
+
+@dataclass(frozen=True)
 class Signalled:
     signum: int
 
 
-Message = StreamEnd | Exit | Signalled
+Message = StreamEnd | Started | Exit | Signalled
 
 
 class RankRun:
@@ -87,6 +94,10 @@ class RankRun:
         self.post(StreamEnd(self))
 
     def wait(self) -> None:
+        started = getattr(self.process, "started", None)  # a remote rank's pid comes later
+        if started is not None:
+            started.wait()
+            self.post(Started(self))
         status = self.process.wait()
         self.post(Exit(self, status, self.wall()))
 

@@ -37,7 +37,7 @@ from launcher.policy import (
     decide,
     start_state,
 )
-from launcher.rankrun import Exit, Message, RankRun, Signalled, StreamEnd
+from launcher.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
 from launcher.transport.base import Transport
 
 __all__ = ["Signalled", "Supervisor", "caught_signals"]
@@ -178,6 +178,10 @@ class Supervisor:
         run = message.run
         if isinstance(message, StreamEnd):
             run.open_streams -= 1
+            return None
+        if isinstance(message, Started):
+            run.state = replace(run.state, pid=run.process.pid)
+            self.output.post_state(run.state)
             return None
         self.record_exit(message)
         self.output.post_state(run.state)

@@ -56,6 +56,22 @@ def wait_clean(hosts: TestHosts, mark: str, timeout_s: float) -> float:
     return time.monotonic() - started
 
 
+def wait_for_sleepers(mark: str, count: int, timeout_s: float = 30) -> None:
+    """Wait until ``count`` processes of the job run ``sleep 300``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = 0
+        for pid in marked_pids(mark):
+            try:
+                found += Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00300\x00"
+            except OSError:
+                continue
+        if found >= count:
+            return
+        assert time.monotonic() < deadline, f"{found} of {count} ranks reached their sleep"
+        time.sleep(0.05)
+
+
 def set_link(name: str, up: bool) -> None:
     """Plug or unplug host ``name``'s network cable (its veth on the test bridge)."""
     state = "up" if up else "down"
@@ -87,12 +103,16 @@ def send(*signums: int) -> Callable[[subprocess.Popen[str], TestHosts, str], Non
 
 
 def kill_host(proc: subprocess.Popen[str], hosts: TestHosts, mark: str) -> None:
-    """node2 dies: its sshd and every process on it, at once."""
-    for pid in processes_in("node2"):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """node2 dies: its sshd and every process on it (again, until none is left: a process
+    forked while the first round ran must die too, as it would with its machine)."""
+    deadline = time.monotonic() + 10
+    while processes_in("node2") and time.monotonic() < deadline:
+        for pid in processes_in("node2"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
 
 
 def unplug(seconds: float) -> Callable[[subprocess.Popen[str], TestHosts, str], None]:
@@ -229,6 +249,10 @@ def test_failure_cell(name: str, ssh_hosts: TestHosts, mark: str, tmp_path: Path
     )
     try:
         wait_for_pids(mark, 6)
+        # Every rank is in its script, past any trap: its `sleep 300` runs (a victim waits
+        # for its trigger instead).
+        sleepers = cell.script.count("sleep 300") and 6 - ("TRIGGER" in cell.script)
+        wait_for_sleepers(mark, sleepers)
         injected = time.monotonic()
         trigger.touch()
         cell.inject(proc, hosts, mark)

@@ -344,9 +344,39 @@ def test_marked_processes_are_visible_on_remote_hosts(ssh_hosts: TestHosts, mark
     )
     pids = wait_for_pids(mark, 1)
     assert set(pids) <= set(processes_in("node3"))
+    # While it runs, the job directory records the remote rank's pid (its process group).
+    job = max(JOBS.iterdir(), key=lambda p: p.name)
+    deadline = time.monotonic() + 10
+    while (json.loads((job / "status.json").read_text())["ranks"]["0"]["pid"]) <= 0:
+        assert time.monotonic() < deadline, "the remote pid was never recorded"
+        time.sleep(0.05)
+    recorded = json.loads((job / "status.json").read_text())["ranks"]["0"]["pid"]
+    assert recorded in processes_in("node3")
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert_nothing_left(ssh_hosts, mark)
+
+
+def test_an_agent_that_cannot_start_is_one_error_and_leaves_nothing(
+    ssh_hosts: TestHosts,
+) -> None:
+    from launcher.errors import HostConnectionError
+    from launcher.hosts import Host
+    from launcher.transport.ssh import HostAgent, SshSettings, connect, load_ssh_config
+
+    settings = SshSettings(config_file=str(ssh_hosts.ssh_config), timeout_s=5)
+    connection = connect(Host("node1"), settings, load_ssh_config(settings))
+    try:
+        # An "interpreter" that exits at once: the agent never starts.
+        with pytest.raises(HostConnectionError) as caught:
+            HostAgent.open(connection, "/bin/false", {"ports": 1}, 5)
+        assert caught.value.message.startswith("node1: cannot run Python there")
+    finally:
+        connection.close()
+    deadline = time.monotonic() + 5
+    while watchdogs_on(ssh_hosts) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert watchdogs_on(ssh_hosts) == []
 
 
 def test_check_reports_every_host(ssh_hosts: TestHosts) -> None:

@@ -703,6 +703,7 @@ class AgentProcess:
         self.status: int | None = None
         self.settled = threading.Event()  # the status is known, or the rank is gone without one
         self.exited = threading.Event()
+        self.started = threading.Event()  # the agent said the rank's pid (or the rank ended)
         self.code: int | None = None
         self.killed = False
         self.cause: str | None = None
@@ -719,6 +720,7 @@ class AgentProcess:
                 self.settled.set()
         elif kind == agent.STARTED:
             self.pid = int(payload)
+            self.started.set()
         elif kind == agent.FAILED:
             self.queues["stderr"].put(b"dtrain: cannot start the rank: " + payload + b"\n")
             self.finish(127)
@@ -732,6 +734,7 @@ class AgentProcess:
         self.code = code
         self.exited.set()
         self.settled.set()
+        self.started.set()
 
     def lost(self, cause: str) -> None:
         """The connection to the host ended (or was given up) before the rank did."""
