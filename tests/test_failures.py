@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import marked_pids, start_dtrain, wait_for_pids
+from tests.test_ssh import watchdogs_on
 from tests.testhosts import TestHosts, processes_in
 
 pytestmark = [pytest.mark.sshhosts, pytest.mark.slow]
@@ -31,16 +32,7 @@ HOSTS = "node1:2,node2:2,node3:2"
 
 def dtrain_processes(hosts: TestHosts) -> list[int]:
     """Agents, watchdogs and Open MPI daemons on the test hosts."""
-    found = []
-    for name in hosts.names:
-        for pid in processes_in(name):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"dtrain-remote" in cmdline or b"prted" in cmdline:
-                found.append(pid)
-    return found
+    return watchdogs_on(hosts, (b"dtrain-remote", b"prted"))
 
 
 def wait_clean(hosts: TestHosts, mark: str, timeout_s: float) -> float:

@@ -33,8 +33,9 @@ def ssh(hosts: TestHosts) -> list[str]:
     return ["--ssh-config", str(hosts.ssh_config)]
 
 
-def watchdogs_on(hosts: TestHosts) -> list[int]:
-    """dtrain agents and watchdogs left on the test hosts (BOOTSTRAP in their command line)."""
+def watchdogs_on(hosts: TestHosts, names: tuple[bytes, ...] = (b"dtrain-remote",)) -> list[int]:
+    """dtrain agents and watchdogs left on the test hosts (BOOTSTRAP in their command line),
+    or other processes whose command line has one of ``names``."""
     found = []
     for name in hosts.names:
         for pid in processes_in(name):
@@ -42,7 +43,7 @@ def watchdogs_on(hosts: TestHosts) -> list[int]:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"dtrain-remote" in cmdline:
+            if any(needle in cmdline for needle in names):
                 found.append(pid)
     return found
 
