@@ -29,6 +29,7 @@ from launcher.jobs import (
     new_job_id,
     open_private,
     process_start,
+    running_jobs,
     write_json,
 )
 
@@ -99,6 +100,18 @@ def write_starting(job: JobDir, pid: int) -> None:
     )
 
 
+def only_running_job(root: Path) -> JobDir:
+    running = running_jobs(root)
+    if not running:
+        raise UsageError(f"no job is running in {root}", "see dtrain jobs")
+    if len(running) > 1:
+        raise UsageError(
+            f"{len(running)} jobs are running: {', '.join(j.id for j in running)}",
+            "name the one to stop: dtrain stop JOB",
+        )
+    return running[0]
+
+
 def take_launch_file(path: str) -> JobConfig:
     """The background launcher's config: read once, then removed (it may hold -x values)."""
     try:
@@ -111,9 +124,10 @@ def take_launch_file(path: str) -> JobConfig:
     return config_from_json(data)
 
 
-def stop_job(root: Path, wanted: str) -> str:
-    """Stop a running job (its launcher tears it down); returns what happened, in words."""
-    found = find_job(root, wanted)
+def stop_job(root: Path, wanted: str | None) -> str:
+    """Stop a running job (its launcher tears it down); returns what happened, in words.
+    With no job named: the only running one."""
+    found = find_job(root, wanted) if wanted is not None else only_running_job(root)
     status = found.status()
     state = found.state()  # "lost" when the recorded pid now names another process
     if state not in ("running", "starting"):

@@ -262,9 +262,17 @@ def logs(
     pattern: str | None,
     job_dir: str | None,
 ) -> int:
-    """Show a job's logs (default: the latest job), merged by time, tagged by rank."""
+    """Show a job's logs (default: the latest job; with -f the running one), merged by time,
+    tagged by rank."""
     from launcher.console import LogView
-    from launcher.jobs import LogQuery, find_job, jobs_root, parse_duration, select_lines
+    from launcher.jobs import (
+        LogQuery,
+        find_job,
+        jobs_root,
+        parse_duration,
+        running_jobs,
+        select_lines,
+    )
 
     query = LogQuery(
         ranks=parse_ranks(ranks) if ranks is not None else None,
@@ -272,7 +280,12 @@ def logs(
         since_s=parse_duration(since) if since else None,
         pattern=pattern,
     )
-    found = find_job(jobs_root(job_dir, os.environ), job)
+    root = jobs_root(job_dir, os.environ)
+    running = running_jobs(root) if follow and job is None else []
+    found = running[-1] if running else find_job(root, job)
+    if running:  # -f without a job: the running one (the latest started), said so
+        several = f" (the latest of {len(running)} running)" if len(running) > 1 else ""
+        click.echo(f"dtrain: following job {found.id}{several}", err=True)
     view = LogView(found.recorded_specs(), sys.stdout)
     for line in select_lines(found, view.specs, query, follow):
         view.show_line(line)
@@ -299,10 +312,13 @@ def jobs(prune: bool, job_dir: str | None) -> int:
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("job")
+@click.argument("job", required=False)
 @JOB_DIR_OPTION
-def stop(job: str, job_dir: str | None) -> int:
-    """Stop a running job on every host (its ranks get SIGTERM, then SIGKILL)."""
+def stop(job: str | None, job_dir: str | None) -> int:
+    """Stop a running job on every host (its ranks get SIGTERM, then SIGKILL).
+
+    Without JOB: the only running job.
+    """
     from launcher.background import stop_job
     from launcher.jobs import jobs_root
 

@@ -191,6 +191,11 @@ def list_jobs(root: Path) -> list[JobDir]:
     )
 
 
+def running_jobs(root: Path) -> list[JobDir]:
+    """The jobs whose launcher runs (or starts), oldest first."""
+    return [job for job in list_jobs(root) if job.state() in (RUNNING, "starting")]
+
+
 def find_job(root: Path, wanted: str | None) -> JobDir:
     """The job named (or uniquely prefixed) by ``wanted``; the latest when None."""
     jobs = list_jobs(root)

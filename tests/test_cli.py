@@ -6,6 +6,8 @@ import io
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -276,3 +278,19 @@ def test_h_naming_both_a_file_and_a_host_is_refused(tmp_path: Path) -> None:
     )
     with_slots = run_dtrain("run", "--dry-run", "-H", "localhost:1", "true", cwd=tmp_path)
     assert with_slots.returncode == 0, with_slots.stderr
+
+
+def test_shell_completion_comes_from_click() -> None:
+    env = {**child_env(), "_DTRAIN_COMPLETE": "bash_complete", "COMP_WORDS": "dtrain ru"}
+    env["COMP_CWORD"] = "1"
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "dtrain")], capture_output=True, text=True, env=env
+    )
+    assert result.stdout.strip() == "plain,run"
+    source = subprocess.run(
+        [str(Path(sys.executable).parent / "dtrain")],
+        capture_output=True,
+        text=True,
+        env={**child_env(), "_DTRAIN_COMPLETE": "bash_source"},
+    )
+    assert "_dtrain_completion()" in source.stdout

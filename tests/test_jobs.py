@@ -300,3 +300,40 @@ def test_stop_does_not_signal_a_process_that_reused_the_launchers_pid(tmp_path: 
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_stop_and_follow_without_naming_the_job(tmp_path: Path, mark: str) -> None:
+    env = {**child_env(), "DTRAIN_JOB_DIR": str(tmp_path)}
+    script = "for i in 1 2 3; do echo tick $i; sleep 0.2; done; sleep 300"
+    first = run_dtrain(
+        "run", "--detach", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script, env=env
+    )
+    assert first.returncode == 0, first.stderr
+    job = first.stdout.strip()
+    followed = subprocess.Popen(
+        [*DTRAIN, "logs", "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    wait_for_pids(mark, 2)
+    second = run_dtrain(
+        "run", "--detach", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "300", env=env
+    )
+    other = second.stdout.strip()
+    several = run_dtrain("stop", env=env)
+    assert several.returncode == 2
+    assert f"2 jobs are running: {job}, {other}" in several.stderr
+    assert run_dtrain("stop", other, env=env).returncode == 0
+    stopped = run_dtrain("stop", env=env)  # the only one left running
+    assert stopped.returncode == 0 and f"dtrain: stopped job {job}" in stopped.stderr
+    out, err = followed.communicate(timeout=60)
+    assert f"dtrain: following job {job}" in err
+    assert [line for line in out.splitlines() if "tick" in line] == [
+        f"[0] tick {i}" for i in (1, 2, 3)
+    ]
+    assert followed.returncode == 143  # the followed job's exit code (stopped)
+    none = run_dtrain("stop", env=env)
+    assert none.returncode == 2 and "no job is running" in none.stderr
