@@ -296,14 +296,20 @@ def logs(
 
 @cli.command(context_settings=CONTEXT)
 @click.option("--prune", is_flag=True, help="Remove the directories of finished jobs.")
+@click.option("--running", is_flag=True, help="Only the jobs that run now.")
+@click.option("-n", "last", type=click.IntRange(1), metavar="N", help="Only the last N jobs.")
 @JOB_DIR_OPTION
-def jobs(prune: bool, job_dir: str | None) -> int:
-    """List jobs with their state, size and age."""
+def jobs(prune: bool, running: bool, last: int | None, job_dir: str | None) -> int:
+    """List jobs with their state, exit code, duration, size and age."""
     from launcher.console import format_jobs
     from launcher.jobs import jobs_root, summarize_jobs
 
     root = jobs_root(job_dir, os.environ)
     summaries, removed = summarize_jobs(root, prune)
+    if running:
+        summaries = [s for s in summaries if s.state in ("running", "starting")]
+    if last is not None:
+        summaries = summaries[-last:]
     if prune:
         click.echo(f"dtrain: removed {removed} finished job(s) from {root}", err=True)
     for line in format_jobs(summaries):

@@ -255,16 +255,18 @@ def format_dry_run(
 
 def format_jobs(summaries: Sequence[JobSummary]) -> list[str]:
     """``dtrain jobs``: one row per job."""
-    rows = [("job", "state", "ranks", "hosts", "size", "age", "command")]
+    rows = [("job", "state", "exit", "took", "ranks", "hosts", "size", "age", "command")]
     rows += [
         (
             s.id,
             s.state,
+            "-" if s.exit_code is None else str(s.exit_code),
+            "-" if s.duration_s is None else human_age(s.duration_s),
             s.world_size,
             ",".join(s.hosts) or "-",
             human_size(s.size),
             human_age(s.age_s),
-            " ".join(s.command)[:60],
+            " ".join(s.command)[:50],
         )
         for s in summaries
     ]

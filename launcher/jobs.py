@@ -441,6 +441,8 @@ class JobSummary:
     size: int
     age_s: float
     command: tuple[str, ...]
+    exit_code: int | None = None  # None while it runs, or when its end was not recorded
+    duration_s: float | None = None  # from start to its recorded end, or until now
 
 
 def summarize_jobs(
@@ -456,8 +458,9 @@ def summarize_jobs(
             remove_job(job)
             removed += 1
             continue
-        meta = job.meta()
-        started = float(job.status().get("started") or job.path.stat().st_mtime)
+        meta, status = job.meta(), job.status()
+        started = float(status.get("started") or job.path.stat().st_mtime)
+        ended = clock() if state in (RUNNING, "starting") else status.get("updated")
         summaries.append(
             JobSummary(
                 id=job.id,
@@ -467,6 +470,8 @@ def summarize_jobs(
                 size=job.size(),
                 age_s=clock() - started,
                 command=tuple(meta.get("command", [])),
+                exit_code=status.get("exit_code"),
+                duration_s=None if ended is None else max(0.0, float(ended) - started),
             )
         )
     return summaries, removed

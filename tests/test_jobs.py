@@ -337,3 +337,24 @@ def test_stop_and_follow_without_naming_the_job(tmp_path: Path, mark: str) -> No
     assert followed.returncode == 143  # the followed job's exit code (stopped)
     none = run_dtrain("stop", env=env)
     assert none.returncode == 2 and "no job is running" in none.stderr
+
+
+def test_jobs_lists_exit_codes_durations_and_filters(tmp_path: Path, mark: str) -> None:
+    env = {**child_env(), "DTRAIN_JOB_DIR": str(tmp_path)}
+    assert run_dtrain("run", "sh", "-c", "sleep 1; exit 3", env=env).returncode == 3
+    assert run_dtrain("run", "true", env=env).returncode == 0
+    live = run_dtrain("run", "--detach", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "300", env=env)
+    running = live.stdout.strip()
+    try:
+        rows = [line.split() for line in run_dtrain("jobs", env=env).stdout.splitlines()]
+        assert rows[0][:4] == ["job", "state", "exit", "took"]
+        failed, ok, now = rows[1:]
+        assert failed[1:3] == ["failed", "3"] and failed[3] in ("1s", "2s")
+        assert ok[1:3] == ["succeeded", "0"]
+        assert now[:3] == [running, "running", "-"]
+        only = run_dtrain("jobs", "--running", env=env).stdout.splitlines()
+        assert [line.split()[0] for line in only[1:]] == [running]
+        last = run_dtrain("jobs", "-n", "2", env=env).stdout.splitlines()
+        assert [line.split()[1] for line in last[1:]] == ["succeeded", "running"]
+    finally:
+        assert run_dtrain("stop", running, env=env).returncode == 0
