@@ -25,6 +25,7 @@ class LaunchSpec:
     gpus: tuple[str, ...] | None = None
     node_rank: int = 0
     label: str | None = None  # shown instead of the tag (e.g. "mpirun" for mpirun's own lines)
+    task: int = 0  # index among the ranks of its role (worker 1, ps 0)
 
 
 def build_launch_specs(
@@ -48,6 +49,7 @@ def build_launch_specs(
             env_unset=tuple(env_unset),
             gpus=r.gpus,
             node_rank=r.node_rank,
+            task=r.task_index,
         )
         for r in plan.ranks
     ]
@@ -82,6 +84,7 @@ def describe_specs(
             "local_rank": s.local_rank,
             "node_rank": s.node_rank,
             "role": s.role,
+            "task": s.task,
             "gpus": list(s.gpus) if s.gpus is not None else None,
             "argv": list(s.argv),
             "env": {k: v for k, v in s.env.items() if k not in hidden},

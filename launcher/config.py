@@ -19,7 +19,7 @@ from launcher.errors import UsageError
 DEFAULT_GRACE_S = 5.0
 DEFAULT_SSH_TIMEOUT_S = 10.0
 DEFAULT_HOST_TIMEOUT_S = 30.0
-TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "time")
+TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "task", "time")
 MapBy = Literal["slot", "node"]
 Framework = Literal["tf", "torch"]
 
@@ -211,7 +211,9 @@ def check_tag_format(tag_format: str) -> None:
             "fields are " + ", ".join("{" + f + "}" for f in TAG_FIELDS),
         )
     try:
-        tag_format.format(rank=0, host="h", local_rank=0, node_rank=0, role="worker", time="t")
+        tag_format.format(
+            rank=0, host="h", local_rank=0, node_rank=0, role="worker", task=0, time="t"
+        )
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise UsageError(
             f"--tag-format {tag_format!r}: {exc}", "write e.g. '[{rank}@{host}]'"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TextIO
 
@@ -25,6 +25,18 @@ from launcher.policy import describe_status
 
 DEFAULT_TAG = "[{rank}]"
 HOST_TAG = "[{rank}@{host}]"  # when the job spans several hosts
+ROLE_TAG = "[{role}{task}]"  # parameter-server jobs: [worker1], [ps0]; the chief is [chief]
+ROLE_HOST_TAG = "[{role}{task}@{host}]"
+
+
+def default_tag(roles: Iterable[str], hosts: Iterable[str]) -> str:
+    """The tag of a job's lines: rank (and host when several), or role and task in ps jobs."""
+    several_hosts = len(set(hosts)) > 1
+    if any(role != "worker" for role in roles):
+        return ROLE_HOST_TAG if several_hosts else ROLE_TAG
+    return HOST_TAG if several_hosts else DEFAULT_TAG
+
+
 RANK_COLORS = (
     "cyan",
     "magenta",
@@ -100,6 +112,12 @@ class LineView:
         cached = self.prefixes.get(key)
         if cached is not None:
             return cached
+        # A chief is one of a kind: "[chief]", not "[chief0]", under the role tags.
+        task = (
+            ""
+            if spec.role == "chief" and self.tag_format in (ROLE_TAG, ROLE_HOST_TAG)
+            else spec.task
+        )
         tag = (
             f"[{spec.label}]"
             if spec.label
@@ -109,6 +127,7 @@ class LineView:
                 local_rank=spec.local_rank,
                 node_rank=spec.node_rank,
                 role=spec.role,
+                task=task,
                 time=time.strftime("%H:%M:%S", time.localtime(self.clock())),
             )
         )
@@ -510,8 +529,8 @@ class TerminalFrontend:
             self.notice(
                 f"dtrain: job {job_id} ({plan.world_size} ranks); logs: dtrain logs {job_id}"
             )
-        several_hosts = len(plan.hosts) > 1
-        return make_view(self.config, job_id, plan.world_size, several_hosts, self.out, self.err)
+        tag = default_tag((r.role for r in plan.ranks), (h.name for h in plan.hosts))
+        return make_view(self.config, job_id, plan.world_size, tag, self.out, self.err)
 
     def notice(self, text: str) -> None:
         self.err.write(text + "\n")
@@ -523,8 +542,8 @@ class LogView:
 
     def __init__(self, specs: Mapping[int, LaunchSpec], out: TextIO) -> None:
         self.specs = specs
-        several_hosts = len({spec.host.name for spec in specs.values()}) > 1
-        self.view = LineView(out, out, tag_format=HOST_TAG if several_hosts else DEFAULT_TAG)
+        tag = default_tag((s.role for s in specs.values()), (s.host.name for s in specs.values()))
+        self.view = LineView(out, out, tag_format=tag)
 
     def show_line(self, line: LogLine) -> None:
         spec = self.specs.get(line.rank) or LaunchSpec(line.rank, Host("?"), 0, (), {})
@@ -535,13 +554,13 @@ def make_view(
     config: ViewConfig,
     job_id: str,
     world_size: int,
-    several_hosts: bool,
+    default_tag_format: str,
     out: TextIO,
     err: TextIO,
 ) -> tuple[OutputSink, AbstractContextManager[Any]]:
     """The view a job's options ask for: quiet, JSON lines, the live view on a colour
     terminal, or plain tagged lines; ``--ranks`` filters it.  The context shows it."""
-    tag_format = config.tag_format or (HOST_TAG if several_hosts else DEFAULT_TAG)
+    tag_format = config.tag_format or default_tag_format
     line_view = make_line_view(out, err, tag_format, config.color)
     view: OutputSink
     showing: AbstractContextManager[Any] = contextlib.nullcontext()

@@ -35,6 +35,7 @@ from launcher.outcome import JobResult, RankState, Stream
 
 DEFAULT_ROOT = Path("~/.dtrain/jobs")
 STOP_MARK = "stop-requested"  # dtrain stop leaves it: the job ends as "stopped"
+ID_TIME_CHARS = len("20261122-035012")  # the part of a job id that is its start time
 STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 RUNNING = "running"
 
@@ -140,6 +141,11 @@ class JobDir:
         started = status.get("launcher_start")
         return pid_alive(pid) and (started is None or process_start(pid) == started)
 
+    def started(self) -> float:
+        """When its launcher started the job (its directory's creation, before that)."""
+        value = self.status().get("started")
+        return float(value) if value is not None else self.path.stat().st_ctime
+
     def recorded_specs(self) -> dict[int, LaunchSpec]:
         """The ranks of the recorded plan as specs (rank, host, role...), to tag log lines."""
         return {
@@ -151,6 +157,7 @@ class JobDir:
                 env={},
                 role=str(e.get("role", "worker")),
                 node_rank=int(e["node_rank"]),
+                task=int(e.get("task", 0)),
             )
             for e in self.plan()
         }
@@ -183,12 +190,12 @@ def process_start(pid: int) -> int | None:
 
 
 def list_jobs(root: Path) -> list[JobDir]:
-    """Every job under ``root``, oldest first (ids sort by time)."""
+    """Every job under ``root``, oldest first: ids sort by time to the second, and jobs of
+    the same second by when their launcher started them."""
     if not root.is_dir():
         return []
-    return sorted(
-        (JobDir(p) for p in root.iterdir() if (p / "meta.json").is_file()), key=lambda j: j.id
-    )
+    jobs = [JobDir(p) for p in root.iterdir() if (p / "meta.json").is_file()]
+    return sorted(jobs, key=lambda j: (j.id[:ID_TIME_CHARS], j.started(), j.id))
 
 
 def running_jobs(root: Path) -> list[JobDir]:

@@ -318,3 +318,23 @@ def test_a_standing_cluster_is_for_tensorflow() -> None:
     result = run_dtrain("ps", "--framework", "torch", "--workers", "2")
     assert result.returncode == 2
     assert "dtrain ps --framework torch needs COMMAND" in result.stderr
+
+
+def test_ps_output_is_tagged_by_role_and_task(mark: str) -> None:
+    script = (
+        'echo "$DTRAIN_ROLE here"; if [ $DTRAIN_ROLE = chief ]; then sleep 1; exit 0; fi; sleep 300'
+    )
+    result = run_dtrain(
+        "ps", "--workers", "2", "--ps", "1", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [
+        "[chief] chief here",
+        "[ps0] ps here",
+        "[worker0] worker here",
+        "[worker1] worker here",
+    ]
+    job = result.stderr.split("dtrain: job ", 1)[1].split()[0]
+    logged = run_dtrain("logs", job, "--role", "worker").stdout.splitlines()
+    assert sorted(logged) == ["[worker0] worker here", "[worker1] worker here"]
+    assert wait_until_gone(mark) == []
