@@ -322,7 +322,8 @@ def test_a_standing_cluster_is_for_tensorflow() -> None:
 
 def test_ps_output_is_tagged_by_role_and_task(mark: str) -> None:
     script = (
-        'echo "$DTRAIN_ROLE here"; if [ $DTRAIN_ROLE = chief ]; then sleep 1; exit 0; fi; sleep 300'
+        'echo "$DTRAIN_ROLE here"; if [ $DTRAIN_ROLE = chief ]; then sleep 1; exit 0; fi; '
+        "exec sleep 300"  # no shell left to say "Terminated" when the job ends
     )
     result = run_dtrain(
         "ps", "--workers", "2", "--ps", "1", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script
