@@ -84,10 +84,6 @@ def split_lines(buf: bytes) -> list[bytes]:
     return lines
 
 
-def strip_progress(line: bytes) -> bytes:
-    return line[:-1] if line.endswith(PROGRESS) else line
-
-
 LineSink = Callable[[list[bytes]], None]
 
 

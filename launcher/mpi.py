@@ -28,13 +28,14 @@ from launcher.config import JobConfig
 from launcher.errors import UsageError
 from launcher.hosts import Host
 from launcher.outcome import (
-    STREAMS,
     JobResult,
     OutputSink,
     RankReport,
     RankState,
     Stream,
     build_rank_report,
+    keep_tail,
+    new_tails,
 )
 from launcher.plan import Plan
 from launcher.specs import NIC_VARIABLES, Site
@@ -44,8 +45,6 @@ MPI_FIRST_EXIT = re.compile(r"Process name: \[[^\]]*,(\d+)\]\s*\n\s*Exit code:\s
 MPI_FIRST_SIGNAL = re.compile(
     r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)"
 )
-TAIL_LINES = 20
-TAIL_LINE_BYTES = 4096
 # Variables that differ per rank: mpirun sets its own (OMPI_COMM_WORLD_*) instead.
 PER_RANK_VARIABLES = (
     "RANK",
@@ -272,10 +271,7 @@ class MpiOutput:
                 key, text = (-1, stream), line
                 self.own_lines.append(line.decode("utf-8", "replace"))
             if key[0] >= 0:
-                tails = self.tails.setdefault(
-                    key[0], {s: deque(maxlen=TAIL_LINES) for s in STREAMS}
-                )
-                tails[key[1]].append(text[:TAIL_LINE_BYTES])
+                keep_tail(self.tails.setdefault(key[0], new_tails())[key[1]], [text])
             if key != current and batch and current is not None:
                 self.forward(current, batch)
                 batch = []

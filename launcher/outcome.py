@@ -6,7 +6,8 @@ the job directory (``jobs.py``) and the view (``console.py``) read them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
 Stream = Literal["stdout", "stderr"]
 STREAMS: tuple[Stream, Stream] = ("stdout", "stderr")
 PROGRESS = b"\r"  # kept at the end of a line a bare \r ended: a progress update (logs.py)
+TAIL_LINES = 20  # kept per rank and stream for the failure report
+TAIL_LINE_BYTES = 4096  # of each such line: memory stays bounded whatever a rank prints
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,15 @@ class OutputSink(Protocol):
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None: ...
 
     def update(self, state: RankState) -> None: ...
+
+
+def new_tails() -> dict[Stream, deque[bytes]]:
+    """A rank's last lines, per stream, for its failure report."""
+    return {stream: deque(maxlen=TAIL_LINES) for stream in STREAMS}
+
+
+def keep_tail(tail: deque[bytes], lines: Iterable[bytes]) -> None:
+    tail.extend(line[:TAIL_LINE_BYTES] for line in lines)
 
 
 def build_rank_report(

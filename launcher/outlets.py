@@ -131,7 +131,6 @@ class Outlet:
         self.on_drop = on_drop
         self.patience_s = patience_s  # after Ctrl-C/SIGTERM, how long to wait for the writer
         self.error: BaseException | None = None
-        self.dropped_total = 0
         self.thread = threading.Thread(target=self.write, name=f"dtrain-{name}", daemon=True)
         self.thread.start()
 
@@ -139,10 +138,8 @@ class Outlet:
         while True:
             item, dropped = self.queue.take()
             try:
-                if dropped:
-                    self.dropped_total += dropped
-                    if self.on_drop is not None:
-                        self.on_drop(dropped)
+                if dropped and self.on_drop is not None:
+                    self.on_drop(dropped)
                 if item is None:
                     return
                 if isinstance(item, Lines):

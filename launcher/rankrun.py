@@ -18,12 +18,9 @@ from typing import BinaryIO
 
 from launcher.command import LaunchSpec
 from launcher.logs import pump_stream
-from launcher.outcome import STREAMS, RankState, Stream
+from launcher.outcome import STREAMS, RankState, Stream, keep_tail, new_tails
 from launcher.outlets import Fanout
 from launcher.transport.base import Process
-
-TAIL_LINES = 20
-TAIL_LINE_BYTES = 4096  # of each line kept for the failure report: memory stays bounded
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,7 @@ class RankRun:
         self.wall = wall
         self.open_streams = len(STREAMS)
         self.status: int | None = None
-        self.tails: dict[Stream, deque[bytes]] = {s: deque(maxlen=TAIL_LINES) for s in STREAMS}
+        self.tails: dict[Stream, deque[bytes]] = new_tails()
 
     def watch(self, output_dir: Path | None) -> None:
         """Start a reader per stream and a waiter; ``output_dir`` gets raw copies of the streams."""
@@ -87,7 +84,7 @@ class RankRun:
         tail = self.tails[stream]
 
         def on_lines(lines: list[bytes]) -> None:
-            tail.extend(line[:TAIL_LINE_BYTES] for line in lines)
+            keep_tail(tail, lines)
             self.output.post_lines(self.spec, stream, lines)
 
         pump_stream(lambda size: self.process.read(stream, size), on_lines, copy)

@@ -369,7 +369,3 @@ def summarize_host(
         "free_port": report["ports"][0],
         "clock_offset_ms": round(offset_s * 1000, 1),
     }
-
-
-def local_workdir(config: JobConfig) -> str:
-    return config.env.workdir or os.getcwd()
