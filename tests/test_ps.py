@@ -131,7 +131,7 @@ def test_tf_parameter_server_training_on_localhost(mark: str, tmp_path: Path) ->
         "python",
         "examples/tf_ps_train.py",
         "--epochs",
-        "4",
+        "6",  # asynchronous: 4 epochs ended at 0.898-0.93, too close to the bound
         "--checkpoint-dir",
         str(tmp_path),
         timeout=280,
@@ -151,13 +151,13 @@ def test_tf_parameter_server_training_on_localhost(mark: str, tmp_path: Path) ->
         "python",
         "examples/tf_ps_train.py",
         "--epochs",
-        "5",
+        "7",
         "--checkpoint-dir",
         str(tmp_path),
         timeout=280,
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from" in again.stdout and "at epoch 4" in again.stdout
+    assert "resumed from" in again.stdout and "at epoch 6" in again.stdout
 
 
 @needs_tf
