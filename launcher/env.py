@@ -28,6 +28,10 @@ class EnvOptions:
     base_env: Mapping[str, str] = field(default_factory=dict)  # the launcher's environment
     tf_config: Mapping[int, str] = field(default_factory=dict)  # rank -> TF_CONFIG json
     host_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per host name
+    groups: Mapping[str, int] = field(default_factory=dict)  # role -> its ranks (ps jobs)
+    nodes: int = 1  # hosts with ranks: torchrun's GROUP_WORLD_SIZE
+    restart_count: int = 0
+    max_restarts: int = 0
 
 
 def build_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
@@ -41,7 +45,9 @@ def build_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
         "GROUP_RANK": str(rank.node_rank),
         "MASTER_ADDR": options.master_addr,
         "MASTER_PORT": str(options.master_port),
+        **torchrun_env(rank, options),
         "DTRAIN_JOB_ID": options.job_id,
+        "DTRAIN_RESTART_COUNT": str(options.restart_count),
         "DTRAIN_HOST": rank.host.name,
         "DTRAIN_ROLE": rank.role,
         "PYTHONUNBUFFERED": "1",
@@ -56,6 +62,24 @@ def build_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
     env.update(options.host_env.get(rank.host.name, {}))
     env.update(options.extra)
     return env
+
+
+def torchrun_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
+    """The rest of torchrun's contract, so scripts that read it (or detect torchrun) run as is.
+
+    A job without roles is torchrun's one role, ``default``; in parameter-server jobs
+    each role (chief, worker, ps, evaluator) is a role group of its own.
+    """
+    grouped = rank.role in options.groups
+    return {
+        "ROLE_NAME": rank.role if grouped else "default",
+        "ROLE_RANK": str(rank.task_index if grouped else rank.rank),
+        "ROLE_WORLD_SIZE": str(options.groups.get(rank.role, rank.world_size)),
+        "GROUP_WORLD_SIZE": str(options.nodes),
+        "TORCHELASTIC_RUN_ID": options.job_id,
+        "TORCHELASTIC_RESTART_COUNT": str(options.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(options.max_restarts),
+    }
 
 
 def build_tf_configs(

@@ -25,7 +25,8 @@ from launcher.plan import Plan, Rank
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, shown by dry runs of remote jobs
 # Across hosts, gloo and NCCL must talk over the NIC that reaches MASTER_ADDR (as horovodrun does).
-NIC_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# torch.distributed.rpc's TensorPipe too: it binds 127.0.0.1 where the host name does not resolve.
+NIC_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ def build_job_specs(
         base_env=environ,
         tf_config=tf_configs,
         host_env=nic_env(site, environ, extra),
+        groups=role_groups(plan) if config.ps is not None else {},
+        nodes=len({r.host.name for r in plan.ranks}),
     )
     return build_launch_specs(
         plan,
@@ -141,6 +144,14 @@ class PortPool:
     def take(self, host: str, fallback: int) -> int:
         """A free port of ``host``; ``fallback`` where none was found (dry runs, no probe)."""
         return next(self.free.get(host, iter(())), fallback)
+
+
+def role_groups(plan: Plan) -> dict[str, int]:
+    """How many ranks each role has (torchrun's ROLE_WORLD_SIZE in parameter-server jobs)."""
+    groups: dict[str, int] = {}
+    for rank in plan.ranks:
+        groups[rank.role] = groups.get(rank.role, 0) + 1
+    return groups
 
 
 def role_env(config: JobConfig) -> dict[str, str]:

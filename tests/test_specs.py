@@ -49,7 +49,15 @@ def test_local_job_environment_whole() -> None:
             "GROUP_RANK": "0",
             "MASTER_ADDR": "localhost",
             "MASTER_PORT": "4000",
+            "ROLE_NAME": "default",
+            "ROLE_RANK": str(r),
+            "ROLE_WORLD_SIZE": "2",
+            "GROUP_WORLD_SIZE": "1",
+            "TORCHELASTIC_RUN_ID": "J",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
             "DTRAIN_JOB_ID": "J",
+            "DTRAIN_RESTART_COUNT": "0",
             "DTRAIN_HOST": "localhost",
             "DTRAIN_ROLE": "worker",
             "PYTHONUNBUFFERED": "1",
@@ -82,6 +90,8 @@ def test_two_hosts_addresses_nic_variables_and_virtualenv() -> None:
     ]
     # The user's NCCL_SOCKET_IFNAME stands; GLOO's is dtrain's guess per host.
     assert [s.env.get("GLOO_SOCKET_IFNAME") for s in specs] == ["eth0", "eth0", "ens5", "ens5"]
+    assert [s.env.get("TP_SOCKET_IFNAME") for s in specs] == ["eth0", "eth0", "ens5", "ens5"]
+    assert {s.env["GROUP_WORLD_SIZE"] for s in specs} == {"2"}
     assert all("NCCL_SOCKET_IFNAME" not in s.env for s in specs)
     assert all(s.env["VIRTUAL_ENV"] == "/venv" for s in specs)  # remote ranks need it
     dry = build(replace(CONFIG, dry_run=True), TWO_HOSTS, hosts, 4, environ=environ)
@@ -137,6 +147,13 @@ def test_parameter_server_roles_and_builtin_servers() -> None:
     assert sorted(cluster) == ["chief", "ps", "worker"]
     ports = [a.rsplit(":", 1)[1] for addresses in cluster.values() for a in addresses]
     assert len(set(ports)) == 4 and specs[0].env["MASTER_PORT"] not in ports
+    roles = [tuple(s.env[v] for v in ("ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE")) for s in specs]
+    assert roles == [
+        ("chief", "0", "1"),
+        ("worker", "0", "2"),
+        ("worker", "1", "2"),
+        ("ps", "0", "1"),
+    ]
 
 
 def test_torch_parameter_server_has_no_tf_variables() -> None:
