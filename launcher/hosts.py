@@ -4,7 +4,8 @@ Formats accepted (see hostfiles/ for commented examples):
 
 * Open MPI / DeepSpeed: ``node1 slots=4 max_slots=8``
 * Horovod / MPICH: ``node1:4``
-* one host per line, repeated lines adding slots
+* one host per line; a host listed again adds its slots (``-H a:2,a`` is 3, as in Open MPI)
+* ``max_slots`` alone sets the slots to it (``a max_slots=4`` is 4 slots, as in Open MPI)
 * ``user@host``, IPv6 addresses in brackets (``[fe80::1]:4``)
 * an optional ``gpus=0,1,2,3`` per host
 
@@ -58,7 +59,7 @@ class _Entry:
     """One parsed line or item, with what the merge step needs to know."""
 
     host: Host
-    bare: bool  # only a name: repeating it adds a slot
+    simple: bool  # a name and slots only: repeating it adds up
     where: str  # "hosts:3: 'line'" or "-H 'item'", for error messages
 
 
@@ -111,22 +112,23 @@ def _parse_entry(address: str, options: list[str], where: str) -> _Entry:
             f"keep one of them, e.g. '{shown} slots=4'",
         )
     gpus = _parse_gpus(values["gpus"], where) if "gpus" in values else None
+    max_slots = None
+    if "max_slots" in values:
+        max_slots = _parse_count("max_slots", values["max_slots"], where, f"{shown} max_slots=8")
     if colon_slots is not None:
         slots = _parse_count("slots", colon_slots, where, f"{shown}:4")
     elif "slots" in values:
         slots = _parse_count("slots", values["slots"], where, f"{shown} slots=4")
-    else:
-        slots = len(gpus) if gpus else 1  # one rank per listed GPU unless told otherwise
-    max_slots = None
-    if "max_slots" in values:
-        max_slots = _parse_count("max_slots", values["max_slots"], where, f"{shown} max_slots=8")
+    else:  # one rank per listed GPU, else up to the limit (Open MPI's rule), else one
+        slots = len(gpus) if gpus else max_slots or 1
+    if max_slots is not None:
         if max_slots < slots:
             raise HostfileError(
                 f"{where}: max_slots ({max_slots}) is less than slots ({slots})",
                 "raise max_slots to at least slots, or lower slots",
             )
     host = Host(name=name, slots=slots, max_slots=max_slots, user=user, gpus=gpus)
-    return _Entry(host, bare=colon_slots is None and not values, where=where)
+    return _Entry(host, simple=not (values.keys() - {"slots"}), where=where)
 
 
 def _split_address(address: str, where: str) -> tuple[str | None, str, str | None]:
@@ -250,20 +252,21 @@ def _parse_gpus(text: str, where: str) -> tuple[str, ...]:
 
 
 def _merge_entries(entries: list[_Entry]) -> list[Host]:
-    """Add up repeated bare entries; reject any other repeat. Keeps first-appearance order."""
+    """Add up the slots of a repeated host (as Open MPI does); a repeat with max_slots or gpus
+    is refused, since those cannot add up.  Keeps first-appearance order."""
     first: dict[tuple[str | None, str], _Entry] = {}
     hosts: dict[tuple[str | None, str], Host] = {}
     for entry in entries:
         key = (entry.host.user, _identity(entry.host.name))
         if key not in first:
             first[key], hosts[key] = entry, entry.host
-        elif entry.bare and first[key].bare:
-            hosts[key] = replace(hosts[key], slots=hosts[key].slots + 1)
+        elif entry.simple and first[key].simple:
+            hosts[key] = replace(hosts[key], slots=hosts[key].slots + entry.host.slots)
         else:
             raise HostfileError(
                 f"{entry.where}: host {_quote(entry.host.name)} is listed twice"
-                f" (first at {first[key].where})",
-                "list the host once with all its slots, or repeat only bare host names",
+                f" (first at {first[key].where}), with max_slots or gpus",
+                "list the host once with all its slots, max_slots and gpus",
             )
     return list(hosts.values())
 

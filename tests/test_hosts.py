@@ -21,7 +21,7 @@ HOSTFILE_CASES: list[tuple[str, list[Host]]] = [
     ("node1 slots=4", [Host("node1", 4)]),
     ("node1 slots=4 max_slots=8", [Host("node1", 4, max_slots=8)]),
     ("node1 slots=4 max-slots=8", [Host("node1", 4, max_slots=8)]),
-    ("node1 max_slots=8", [Host("node1", 1, max_slots=8)]),
+    ("node1 max_slots=8", [Host("node1", 8, max_slots=8)]),  # Open MPI: the limit is the slots
     ("node1 slots=4 max_slots=4", [Host("node1", 4, max_slots=4)]),
     ("node1 slots=04", [Host("node1", 4)]),
     ("node1 slots=8\nnode2 slots=8", [Host("node1", 8), Host("node2", 8)]),
@@ -35,6 +35,14 @@ HOSTFILE_CASES: list[tuple[str, list[Host]]] = [
     ("a\na\nb", [Host("a", 2), Host("b", 1)]),
     ("b\na\nb\nb", [Host("b", 3), Host("a", 1)]),
     ("node1\nNODE1", [Host("node1", 2)]),
+    # a repeated host adds its slots, counted or not (as Open MPI places them)
+    ("node1 slots=2\nnode2\nnode1 slots=2", [Host("node1", 4), Host("node2")]),
+    ("node1 slots=2\nnode1", [Host("node1", 3)]),
+    ("node1\nnode1:2", [Host("node1", 3)]),
+    ("node1:1\nnode1:1", [Host("node1", 2)]),
+    ("Node1 slots=2\nnode1", [Host("Node1", 3)]),
+    ("u@a:2\nu@a", [Host("a", 3, user="u")]),
+    ("[::1]:2\n[0::1]", [Host("::1", 3)]),
     ("alice@a\nbob@a", [Host("a", user="alice"), Host("a", user="bob")]),
     ("a\nalice@a", [Host("a"), Host("a", user="alice")]),
     # comments, blank lines, whitespace, line endings
@@ -103,19 +111,15 @@ HOSTFILE_ERRORS: list[tuple[str, str]] = [
     ("node1 max_slots=2 max-slots=4", "max_slots given twice"),
     ("node1 gpus=0 gpus=1", "gpus given twice"),
     ("node1:4 slots=4", "hosts:1: 'node1:4 slots=4': slots given twice, as ':4' and as 'slots='"),
-    # duplicates, naming both lines
+    # repeats that cannot add up (a limit or GPU ids), naming both lines
     (
-        "node1 slots=2\nnode2\nnode1 slots=2",
-        "hosts:3: 'node1 slots=2': host 'node1' is listed twice",
+        "node1 slots=2\nnode2\nnode1 gpus=0",
+        "hosts:3: 'node1 gpus=0': host 'node1' is listed twice (first at hosts:1: "
+        "'node1 slots=2'), with max_slots or gpus",
     ),
-    ("node1 slots=2\nnode1", "(first at hosts:1: 'node1 slots=2')"),
-    ("node1\nnode1:2", "hosts:2: 'node1:2': host 'node1' is listed twice (first at hosts:1"),
-    ("node1\nnode1 gpus=0", "host 'node1' is listed twice"),
     ("node1\nnode1 max_slots=4", "host 'node1' is listed twice"),
-    ("node1:1\nnode1:1", "host 'node1' is listed twice"),
-    ("Node1 slots=2\nnode1", "host 'node1' is listed twice (first at hosts:1: 'Node1 slots=2')"),
-    ("u@a:2\nu@a", "host 'a' is listed twice"),
-    ("[::1]:2\n[0::1]", "host '0::1' is listed twice"),
+    ("node1 gpus=0\nnode1", "host 'node1' is listed twice"),
+    ("Node1 max_slots=2\nnode1", "host 'node1' is listed twice (first at hosts:1: "),
     # users
     ("@node1", "hosts:1: '@node1': empty user before '@'"),
     ("a@b@node1", "invalid user name 'a@b'"),
@@ -199,6 +203,9 @@ HOST_LIST_CASES: list[tuple[str, list[Host]]] = [
     ("[::1],[::1]", [Host("::1", 2)]),
     ("u@[fe80::1]:3,127.0.0.1:1", [Host("fe80::1", 3, user="u"), Host("127.0.0.1", 1)]),
     ("localhost:8", [Host("localhost", 8)]),
+    ("node01:2,node01", [Host("node01", 3)]),  # the example: 3 slots, as mpirun
+    ("a,a:2", [Host("a", 3)]),
+    ("a:2,b,A:2", [Host("a", 4), Host("b")]),
 ]
 
 
@@ -217,9 +224,6 @@ HOST_LIST_ERRORS: list[tuple[str, str]] = [
     ("a:x", "-H 'a:x': slots must be a positive integer"),
     ("a:0", "slots must be a positive integer"),
     ("a:-2", "slots must be a positive integer"),
-    ("a,a:2", "-H 'a:2': host 'a' is listed twice (first at -H 'a')"),
-    ("a:2,a", "-H 'a': host 'a' is listed twice (first at -H 'a:2')"),
-    ("a:2,b,A:2", "host 'A' is listed twice"),
     ("::1", "more than one ':'"),
     ("[::1", "missing ']'"),
     ("a b", "invalid host name 'a b'"),
