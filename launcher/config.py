@@ -21,6 +21,8 @@ DEFAULT_SSH_TIMEOUT_S = 10.0
 DEFAULT_HOST_TIMEOUT_S = 30.0
 TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "task", "time")
 MapBy = Literal["slot", "node"]
+PerNode = Literal["auto", "gpu", "cpu"]
+BindTo = Literal["none", "core", "socket"]
 Framework = Literal["tf", "torch"]
 
 
@@ -33,11 +35,17 @@ class PlacementConfig:
     np: int | None = None
     map_by: MapBy = "slot"
     oversubscribe: bool = False
-    nproc_per_node: int | None = None
+    nproc_per_node: int | PerNode | None = None  # ranks on every host; auto/gpu/cpu: by host
+    nnodes: int | None = None  # use the first N hosts (torchrun, deepspeed's --num_nodes)
+    standalone: bool = False  # torchrun's: this machine only
+    include: str | None = None  # deepspeed's host/GPU filters: "node1@node2:0,1"
+    exclude: str | None = None
     master_addr: str | None = None
     master_port: int | None = None
     gpus_per_rank: int | None = None
     gpu_binding: bool = True  # --no-gpu-binding: leave CUDA_VISIBLE_DEVICES alone
+    bind_to: BindTo = "none"  # CPU affinity of each rank (mpirun's --bind-to)
+    report_bindings: bool = False  # say where each rank runs and on which CPUs/GPUs
 
     @property
     def hosts_given(self) -> bool:
@@ -52,6 +60,7 @@ class EnvConfig:
     env_files: tuple[str, ...] = ()  # --env-file FILE
     workdir: str | None = None
     tf_config: bool = False  # --tf: TF_CONFIG with every rank a worker
+    nics: str | None = None  # --network-interface: GLOO/NCCL/TP_SOCKET_IFNAME on every host
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,8 @@ class ViewConfig:
     quiet: bool = False
     output_dir: str | None = None
     lossy: bool = False  # --lossy-view: a terminal that falls behind drops lines (counted)
+    local_ranks: str | None = None  # --local-ranks 0: only these local ranks (on every host)
+    hide: tuple[str, ...] = ()  # streams kept off the terminal (torchrun's --redirects 1/2)
 
     @property
     def rank_set(self) -> frozenset[int] | None:
@@ -128,6 +139,8 @@ class JobConfig:
     grace_s: float = DEFAULT_GRACE_S
     python: str | None = None  # --python: the interpreter of a Python script COMMAND
     no_python: bool = False  # --no-python: run COMMAND as given (torchrun's flag)
+    module: bool = False  # -m: COMMAND is a Python module (python -m COMMAND)
+    verbose: bool = False  # -v: what dtrain does, with timestamps
     dry_run: bool = False
     detach: bool = False
     job_dir: str | None = None
@@ -156,6 +169,15 @@ def validate_config(config: JobConfig) -> JobConfig:
         )
     view, placement = config.view, config.placement
     view.rank_set  # noqa: B018  # a bad --ranks list fails now, not after the job started
+    if view.local_ranks is not None:
+        parse_ranks(view.local_ranks, "--local-ranks")
+    if placement.standalone and placement.hosts_given:
+        raise UsageError(
+            "--standalone runs on this machine only, but hosts were given",
+            "drop --standalone, or drop -H/--hostfile",
+        )
+    if config.module and config.no_python:
+        raise UsageError("-m/--module and --no-python both given", "use one of them")
     if view.tag_format is not None:
         check_tag_format(view.tag_format)
     if not placement.gpu_binding and placement.gpus_per_rank is not None:
@@ -187,12 +209,12 @@ def check_ps(ps: PsConfig) -> None:
             raise UsageError(f"{flag}: empty host list", f"give e.g. {flag} node1,node2")
 
 
-def parse_ranks(text: str) -> frozenset[int]:
+def parse_ranks(text: str, flag: str = "--ranks") -> frozenset[int]:
     try:
         return frozenset(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise UsageError(
-            f"--ranks {text!r}: not a list of ranks", "write e.g. --ranks 0,3"
+            f"{flag} {text!r}: not a list of ranks", f"write e.g. {flag} 0,3"
         ) from None
 
 
@@ -225,6 +247,9 @@ def config_from_options(
 ) -> JobConfig:
     """``dtrain run``'s or ``dtrain ps``'s options as one value: each option is named as the
     field it sets (ps has no -np, --tf...: those keep their defaults)."""
+    options = with_peer_meanings(options)
+    if options.get("verbose"):  # dtrain's steps go between the lines: no live area
+        options["plain"] = True
     return JobConfig(
         placement=pick(PlacementConfig, options),
         env=pick(EnvConfig, options),
@@ -232,11 +257,122 @@ def config_from_options(
         view=pick(ViewConfig, options),
         ps=ps,
         mpi=mpi,
-        **{name: options[name] for name in JOB_FIELDS},
+        **{name: options[name] if name in options else JOB_DEFAULTS[name] for name in JOB_FIELDS},
     )
 
 
-JOB_FIELDS = ("command", "grace_s", "python", "no_python", "dry_run", "detach", "job_dir")
+JOB_DEFAULTS: dict[str, Any] = {"module": False, "verbose": False}
+
+
+def with_peer_meanings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Values in other launchers' forms, in dtrain's: ``--map-by ppr:2:node``,
+    ``--nproc-per-node auto``, ``--nnodes 2:2``, ``--rdzv-endpoint host:port``, ..."""
+    result = dict(options)
+    if isinstance(result.get("map_by"), str):
+        result.update(parse_map_by(result["map_by"], result.get("nproc_per_node")))
+    if isinstance(result.get("nproc_per_node"), str):
+        result["nproc_per_node"] = parse_per_node(result["nproc_per_node"])
+    if isinstance(result.get("nnodes"), str):
+        result["nnodes"] = parse_nnodes(result["nnodes"])
+    if result.get("rdzv_endpoint"):
+        host, _, port = str(result.pop("rdzv_endpoint")).rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(
+                f"--rdzv-endpoint {options['rdzv_endpoint']}: expected HOST:PORT",
+                "write e.g. --rdzv-endpoint node1:29400",
+            )
+        result["master_addr"], result["master_port"] = host.strip("[]"), int(port)
+    launcher = result.pop("launcher", None)
+    if launcher is not None and launcher not in ("pdsh", "ssh", "openmpi"):
+        raise UsageError(
+            f"--launcher {launcher}: dtrain starts ranks over ssh, or through mpirun with --mpi",
+            "use --launcher pdsh (the default) or openmpi (--mpi)",
+        )
+    if result.get("redirects") is not None:
+        result.update(parse_redirects(str(result.pop("redirects"))))
+    return result
+
+
+def parse_redirects(text: str) -> dict[str, Any]:
+    """torchrun's ``--redirects``: 1 stdout, 2 stderr, 3 both go to the files only (dtrain's
+    job directory and --output-dir always have them): off the terminal."""
+    hidden = {"0": (), "1": ("stdout",), "2": ("stderr",), "3": ("stdout", "stderr")}
+    if text.strip() not in hidden:
+        raise UsageError(
+            f"--redirects {text}: dtrain takes 0, 1, 2 or 3 for every rank",
+            "choose the ranks the terminal shows with --ranks or --local-ranks",
+        )
+    streams = hidden[text.strip()]
+    return {"quiet": True} if len(streams) == 2 else {"hide": streams}
+
+
+def parse_map_by(text: str, per_node: object) -> dict[str, Any]:
+    """mpirun's ``--map-by``: slot, node, core (as slot), ``ppr:N:node``; ``:OVERSUBSCRIBE``."""
+    base, *modifiers = text.split(":")
+    found: dict[str, Any] = {"map_by": "slot"}
+    if base.lower() == "ppr" and len(modifiers) >= 2 and modifiers[1].lower() == "node":
+        if not modifiers[0].isdigit() or int(modifiers[0]) < 1:
+            raise UsageError(
+                f"--map-by {text}: ppr needs a count", "write e.g. --map-by ppr:2:node"
+            )
+        if per_node is not None:
+            raise UsageError(f"--map-by {text} and --nproc-per-node both given", "use one of them")
+        found["nproc_per_node"], modifiers = int(modifiers[0]), modifiers[2:]
+    elif base.lower() in ("slot", "node", "core"):
+        found["map_by"] = "node" if base.lower() == "node" else "slot"
+    else:
+        raise UsageError(
+            f"--map-by {text}: dtrain maps by slot, node (round robin) or ppr:N:node",
+            "for per-socket placement use --nproc-per-node with --bind-to socket",
+        )
+    for modifier in modifiers:
+        if modifier.upper() not in ("OVERSUBSCRIBE", "NOOVERSUBSCRIBE"):
+            raise UsageError(
+                f"--map-by {text}: unknown modifier {modifier!r}",
+                "dtrain takes :OVERSUBSCRIBE; bind CPUs with --bind-to core",
+            )
+        if modifier.upper() == "OVERSUBSCRIBE":
+            found["oversubscribe"] = True
+    return found
+
+
+def parse_per_node(text: str) -> int | PerNode:
+    """``--nproc-per-node``: a count, or auto (GPUs, else cores), gpu, cpu (torchrun's)."""
+    word = text.strip().lower()
+    if word in ("auto", "gpu", "cpu"):
+        return word  # type: ignore[return-value]
+    if word.isdigit() and int(word) >= 1:
+        return int(word)
+    raise UsageError(
+        f"--nproc-per-node {text}: expected a number, auto, gpu or cpu",
+        "write e.g. --nproc-per-node 4 (auto: one per GPU, else one per core)",
+    )
+
+
+def parse_nnodes(text: str) -> int:
+    """``--nnodes N`` (or torchrun's ``N:N``); an elastic MIN:MAX range is refused."""
+    low, colon, high = text.partition(":")
+    if low.isdigit() and int(low) >= 1 and (not colon or high == low):
+        return int(low)
+    if colon and low.isdigit() and high.isdigit():
+        raise UsageError(
+            f"--nnodes {text}: elastic node ranges are not supported yet",
+            f"give the number of hosts, e.g. --nnodes {high}",
+        )
+    raise UsageError(f"--nnodes {text}: expected a number of hosts", "write e.g. --nnodes 2")
+
+
+JOB_FIELDS = (
+    "command",
+    "grace_s",
+    "python",
+    "no_python",
+    "module",
+    "verbose",
+    "dry_run",
+    "detach",
+    "job_dir",
+)
 C = TypeVar("C")
 
 
@@ -257,6 +393,8 @@ def config_from_json(data: dict[str, Any]) -> JobConfig:
     placement["host_lists"] = tuple(placement["host_lists"])
     env = dict(data["env"])
     env["exports"], env["env_files"] = tuple(env["exports"]), tuple(env["env_files"])
+    view = dict(data["view"])
+    view["hide"] = tuple(view.get("hide", ()))
     return JobConfig(
         **{
             **data,
@@ -264,7 +402,7 @@ def config_from_json(data: dict[str, Any]) -> JobConfig:
             "placement": PlacementConfig(**placement),
             "env": EnvConfig(**env),
             "ssh": SshConfig(**data["ssh"]),
-            "view": ViewConfig(**data["view"]),
+            "view": ViewConfig(**view),
             "ps": PsConfig(**data["ps"]) if data.get("ps") is not None else None,
             "mpi": MpiConfig(**data["mpi"]) if data.get("mpi") is not None else None,
         }

@@ -57,6 +57,8 @@ def build_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = "1"
     if rank.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(rank.gpus)
+    if rank.cpus is not None:  # the watchdog pins the rank to them (--bind-to)
+        env["DTRAIN_CPUS"] = ",".join(map(str, rank.cpus))
     if rank.rank in options.tf_config:
         env["TF_CONFIG"] = options.tf_config[rank.rank]
     env.update(options.host_env.get(rank.host.name, {}))

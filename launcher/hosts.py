@@ -121,12 +121,11 @@ def _parse_entry(address: str, options: list[str], where: str) -> _Entry:
         slots = _parse_count("slots", values["slots"], where, f"{shown} slots=4")
     else:  # one rank per listed GPU, else up to the limit (Open MPI's rule), else one
         slots = len(gpus) if gpus else max_slots or 1
-    if max_slots is not None:
-        if max_slots < slots:
-            raise HostfileError(
-                f"{where}: max_slots ({max_slots}) is less than slots ({slots})",
-                "raise max_slots to at least slots, or lower slots",
-            )
+    if max_slots is not None and max_slots < slots:
+        raise HostfileError(
+            f"{where}: max_slots ({max_slots}) is less than slots ({slots})",
+            "raise max_slots to at least slots, or lower slots",
+        )
     host = Host(name=name, slots=slots, max_slots=max_slots, user=user, gpus=gpus)
     return _Entry(host, simple=not (values.keys() - {"slots"}), where=where)
 

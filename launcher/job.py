@@ -12,6 +12,7 @@ tests on a fake transport without a process.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -40,8 +41,17 @@ from launcher.jobs import (
 from launcher.mpi import MpiOutput, mpi_failure, mpi_launch, names_mpi4py, rank_specs
 from launcher.outcome import JobResult, OutputSink
 from launcher.outlets import Fanout, Outlet
-from launcher.plan import Plan, bind_gpus, bind_ps_gpus, plan_ps, plan_ranks
-from launcher.specs import ServerProgram, build_job_specs
+from launcher.plan import (
+    Plan,
+    bind_cpus,
+    bind_gpus,
+    bind_ps_gpus,
+    per_node_counts,
+    plan_ps,
+    plan_ranks,
+    select_hosts,
+)
+from launcher.specs import ServerProgram, Site, build_job_specs
 from launcher.supervisor import Supervisor, caught_signals
 from launcher.survey import (
     Survey,
@@ -53,8 +63,9 @@ from launcher.survey import (
     survey_hosts,
 )
 from launcher.transport.base import RoutedTransport, Transport
-from launcher.transport.local import LocalTransport, detect_local_gpus
+from launcher.transport.local import LocalTransport, detect_local_gpus, is_local_address
 
+LOG = logging.getLogger("dtrain")  # --verbose shows it
 VIEW_PATIENCE_S = 2.0  # after Ctrl-C/SIGTERM, how long the view may take to show what is left
 MPI4PY_WARNING = (
     "dtrain: warning: this looks like an mpi4py program; without --mpi every rank is an MPI "
@@ -157,11 +168,20 @@ class Attempt:
     def run(self) -> JobOutcome:
         config = self.config
         plan = plan_job(config, self.environ)
+        LOG.debug("job %s: plan %s", self.job_id, describe_plan(plan))
         surveyed = self.survey(plan, config, self.environ, self.workdir)
         try:
+            if surveyed.site.remote_hosts and isinstance(config.placement.nproc_per_node, str):
+                plan = plan_job(config, self.environ, surveyed.site)  # counted there now
+                LOG.debug("plan by the hosts' GPUs and cores: %s", describe_plan(plan))
             plan = bind_job_gpus(plan, surveyed, config)
+            plan = bind_cpus(plan, surveyed.site.cpus, config.placement.bind_to)
+            if config.placement.report_bindings:
+                for line in describe_bindings(plan):
+                    self.frontend.notice(line)
             if not config.dry_run:
-                check_local_program(plan, surveyed.site, config.command, self.workdir, self.environ)
+                program = () if config.module else config.command  # a module: Python finds it
+                check_local_program(plan, surveyed.site, program, self.workdir, self.environ)
             specs = build_job_specs(
                 plan,
                 surveyed.site,
@@ -322,22 +342,40 @@ def with_hostfile_shorthand(config: JobConfig, frontend: Frontend) -> JobConfig:
     return replace(config, placement=replace(config.placement, host_lists=(), hostfile=path))
 
 
-def plan_job(config: JobConfig, environ: Mapping[str, str]) -> Plan:
-    """Where the ranks go: -H/--hostfile (or localhost) and the placement options."""
+def plan_job(config: JobConfig, environ: Mapping[str, str], site: Site | None = None) -> Plan:
+    """Where the ranks go: -H/--hostfile (or localhost) and the placement options.
+
+    ``--nproc-per-node auto|gpu|cpu`` counts each host's GPUs or cores: this machine's at
+    once, other hosts' from the survey's ``site`` (before it: one rank per host, so that
+    the survey knows where to go).
+    """
     if config.ps is not None:
         return plan_parameter_servers(config)
     placement = config.placement
-    default_slots = placement.np or placement.nproc_per_node
+    per_node = placement.nproc_per_node
+    default_slots = placement.np or (per_node if isinstance(per_node, int) else None)
+    local_gpus = detect_local_gpus(environ) if placement.gpu_binding else ()
     if default_slots is None and not placement.hosts_given:
         # One rank per local GPU, as torchrun's --nproc-per-node gpu; else one.
-        default_slots = (len(detect_local_gpus(environ)) if placement.gpu_binding else 0) or 1
+        default_slots = len(local_gpus) or 1
     hosts = read_hosts(placement.host_lists, placement.hostfile, default_slots)
+    hosts = select_hosts(hosts, placement.nnodes, placement.include, placement.exclude)
+    counts: int | list[int] | None = per_node if isinstance(per_node, int) else None
+    if isinstance(per_node, str):
+        here = {h.name: is_local_address(h.name) for h in hosts}
+        gpus = {name: local_gpus for name, local in here.items() if local}
+        cpus = {name: tuple((c, 0) for c in os.sched_getaffinity(0)) for name in gpus}
+        if site is not None:
+            gpus, cpus = {**site.gpus, **gpus}, {**site.cpus, **cpus}
+        counts = per_node_counts(hosts, per_node, gpus, cpus)
+        if site is None:  # other hosts: one rank each until the survey has counted
+            counts = [n if here[h.name] else 1 for n, h in zip(counts, hosts, strict=True)]
     return plan_ranks(
         hosts,
         placement.np,
         map_by=placement.map_by,
         oversubscribe=placement.oversubscribe,
-        nproc_per_node=placement.nproc_per_node,
+        nproc_per_node=counts,
     )
 
 
@@ -373,6 +411,24 @@ def bind_job_gpus(plan: Plan, surveyed: Survey, config: JobConfig) -> Plan:
     if config.ps is not None:
         return bind_ps_gpus(plan, gpus, placement.gpus_per_rank, config.ps.ps_gpus)
     return bind_gpus(plan, gpus, placement.gpus_per_rank)
+
+
+def describe_plan(plan: Plan) -> str:
+    """``4 ranks: node1 x2, node2 x2`` for --verbose."""
+    counts: dict[str, int] = {}
+    for rank in plan.ranks:
+        counts[rank.host.name] = counts.get(rank.host.name, 0) + 1
+    return f"{plan.world_size} rank(s): " + ", ".join(f"{h} x{n}" for h, n in counts.items())
+
+
+def describe_bindings(plan: Plan) -> list[str]:
+    """``--report-bindings``: where each rank runs, on which CPUs and GPUs."""
+    return [
+        f"dtrain: rank {r.rank} on {r.host.name} (local rank {r.local_rank}): "
+        f"cpus {','.join(map(str, r.cpus)) if r.cpus is not None else 'any'}, "
+        f"gpus {','.join(r.gpus) or 'none' if r.gpus is not None else 'any'}"
+        for r in plan.ranks
+    ]
 
 
 def builtin_server(config: JobConfig) -> ServerProgram | None:

@@ -119,6 +119,12 @@ rank_options = stacked(
     option(
         "--no-python", "Run COMMAND as given, even train.py (as torchrun's flag).", is_flag=True
     ),
+    option("-m --module", "COMMAND is a Python module: run python -m COMMAND.", is_flag=True),
+    option(
+        "--network-interface nics",
+        "NIC for gloo, NCCL and TensorPipe on every host (default: the one towards rank 0).",
+        metavar="IFACE",
+    ),
     option(
         "--grace grace_s",
         "Time between SIGTERM and SIGKILL when stopping ranks.",
@@ -152,7 +158,17 @@ view_options = stacked(
     option("--detach", "Run in the background; follow with dtrain logs -f.", is_flag=True),
     option("--plain", "Plain tagged lines, no live status view.", is_flag=True),
     option("--ranks", "Show only these ranks (e.g. 0,3); all are logged.", metavar="LIST"),
+    option(
+        "--local-ranks",
+        "Show only these local ranks of every host (e.g. 0); all are logged.",
+        metavar="LIST",
+    ),
     option("--quiet", "Show only the summary; all is logged.", is_flag=True),
+    option(
+        "-v --verbose",
+        "Say what dtrain does (connections, agents, plan, signals), with timestamps.",
+        is_flag=True,
+    ),
     option(
         "--lossy-view lossy",
         "When the terminal falls behind, drop lines from it (counted) instead of slowing the "

@@ -2,7 +2,9 @@
 
 Placement follows mpirun: by default ranks fill a host's slots before moving
 to the next host (``--map-by slot``); ``--map-by node`` deals them round-robin.
-``--nproc-per-node`` (torchrun style) puts the same number on every host.
+``--nproc-per-node`` (torchrun style) puts the same number on every host, or
+with ``auto``/``gpu``/``cpu`` as many as each host has GPUs or cores.
+``--bind-to core|socket`` pins each rank to its share of its host's CPUs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from launcher.errors import PlanError
 from launcher.hosts import Host
 
 MapBy = Literal["slot", "node"]
+PerNode = Literal["auto", "gpu", "cpu"]  # --nproc-per-node by what each host has
+BindTo = Literal["none", "core", "socket"]
+Cpu = tuple[int, int]  # (cpu id, its package: the socket)
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,7 @@ class Rank:
     local_world_size: int
     world_size: int
     gpus: tuple[str, ...] | None = None  # CUDA_VISIBLE_DEVICES, None: not bound
+    cpus: tuple[int, ...] | None = None  # CPU affinity (--bind-to), None: not bound
     role: str = "worker"  # chief, worker, ps or evaluator in parameter-server jobs
     task_index: int = 0  # index among the ranks of the same role
 
@@ -104,9 +110,10 @@ def plan_ranks(
     *,
     map_by: MapBy = "slot",
     oversubscribe: bool = False,
-    nproc_per_node: int | None = None,
+    nproc_per_node: int | Sequence[int] | None = None,
 ) -> Plan:
-    """Place ``np`` ranks on ``hosts``; ``np=None`` means one per slot."""
+    """Place ``np`` ranks on ``hosts``; ``np=None`` means one per slot.  ``nproc_per_node``
+    is a count for every host, or one count per host."""
     if not hosts:
         raise PlanError("no hosts to place ranks on", "pass -H HOST[:SLOTS] or --hostfile FILE")
     if nproc_per_node is not None:
@@ -116,9 +123,11 @@ def plan_ranks(
                 "use one: -np N spreads N ranks over the slots, "
                 "--nproc-per-node K starts K on every host",
             )
-        if nproc_per_node < 1:
-            raise PlanError(f"--nproc-per-node {nproc_per_node}: must be at least 1")
-        counts = [nproc_per_node] * len(hosts)
+        if isinstance(nproc_per_node, int):
+            if nproc_per_node < 1:
+                raise PlanError(f"--nproc-per-node {nproc_per_node}: must be at least 1")
+            nproc_per_node = [nproc_per_node] * len(hosts)
+        counts = list(nproc_per_node)
     else:
         if np is None:
             np = sum(h.slots for h in hosts)
@@ -242,6 +251,117 @@ def bind_ps_gpus(
         else:
             result.append(replace(rank, gpus=()))
     return Plan(tuple(result))
+
+
+def per_node_counts(
+    hosts: Sequence[Host],
+    per_node: PerNode,
+    gpus: Mapping[str, tuple[str, ...]],
+    cpus: Mapping[str, Sequence[Cpu]],
+) -> list[int]:
+    """torchrun's ``--nproc-per-node auto|gpu|cpu`` on each host: one rank per GPU (``auto``:
+    else one per core), from the hostfile's ``gpus=`` or what was found there."""
+    counts = []
+    for host in hosts:
+        found = host.gpus if host.gpus is not None else gpus.get(host.name, ())
+        cores = len(cpus.get(host.name, ())) or 1
+        if per_node == "gpu" and not found:
+            raise PlanError(
+                f"--nproc-per-node gpu: no GPU found on {host.name}",
+                "use --nproc-per-node auto (one per core without GPUs), cpu, or a number",
+            )
+        counts.append(cores if per_node == "cpu" else len(found) or cores)
+    return counts
+
+
+def select_hosts(
+    hosts: Sequence[Host], nnodes: int | None, include: str | None, exclude: str | None
+) -> list[Host]:
+    """DeepSpeed's ``--include``/``--exclude`` filters, then torchrun's ``--nnodes N`` (the
+    first N hosts; fewer is an error)."""
+    if include is not None and exclude is not None:
+        raise PlanError("--include and --exclude both given", "use one of them")
+    chosen = list(hosts)
+    if include is not None:
+        chosen = filter_hosts(chosen, include, "--include", keep=True)
+    elif exclude is not None:
+        chosen = filter_hosts(chosen, exclude, "--exclude", keep=False)
+    if nnodes is not None:
+        if nnodes < 1:
+            raise PlanError(f"--nnodes {nnodes}: must be at least 1")
+        if len(chosen) < nnodes:
+            raise PlanError(
+                f"--nnodes {nnodes}: only {len(chosen)} host(s) given "
+                f"({', '.join(h.name for h in chosen)})",
+                f"list {nnodes} hosts with -H or --hostfile, or lower --nnodes",
+            )
+        chosen = chosen[:nnodes]
+    return chosen
+
+
+def filter_hosts(hosts: Sequence[Host], text: str, flag: str, keep: bool) -> list[Host]:
+    """``host1@host2:0,1``: whole hosts, or some GPUs of a host (its ``gpus=``, else
+    0..slots-1, DeepSpeed's reading of slots); the host's slots become its GPUs left."""
+    wanted: dict[str, tuple[str, ...] | None] = {}
+    by_name = {h.name: h for h in hosts}
+    for item in text.split("@"):
+        name, colon, ids = item.strip().partition(":")
+        if name not in by_name:
+            raise PlanError(
+                f"{flag} {text!r}: {name!r} is not one of the hosts "
+                f"({', '.join(by_name) or 'none'})",
+                "name hosts as the hostfile does, e.g. --include node1@node2:0,1",
+            )
+        gpus = tuple(g.strip() for g in ids.split(",")) if colon else None
+        known = by_name[name].gpus or tuple(str(i) for i in range(by_name[name].slots))
+        unknown = [g for g in gpus or () if g not in known]
+        if unknown or gpus == ("",):
+            raise PlanError(
+                f"{flag} {text!r}: host {name} has no GPU {(unknown or [''])[0]!r} "
+                f"(it has {','.join(known)})",
+                "list GPU ids after the host, e.g. node2:0,1",
+            )
+        wanted[name] = gpus
+    chosen = []
+    for host in hosts:
+        known = host.gpus or tuple(str(i) for i in range(host.slots))
+        if host.name not in wanted:
+            chosen.extend([] if keep else [host])
+            continue
+        gpus = wanted[host.name]
+        if gpus is None:
+            chosen.extend([host] if keep else [])
+            continue
+        left = gpus if keep else tuple(g for g in known if g not in gpus)
+        if left:
+            chosen.append(replace(host, gpus=left, slots=len(left), max_slots=None))
+    if not chosen:
+        raise PlanError(f"{flag} {text!r} leaves no host", "keep at least one host")
+    return chosen
+
+
+def bind_cpus(plan: Plan, topology: Mapping[str, Sequence[Cpu]], bind_to: BindTo) -> Plan:
+    """mpirun's ``--bind-to``: ``core`` gives local rank i of n its share of the host's CPUs
+    (cpus // n each; with more ranks than CPUs, one CPU each, round robin); ``socket`` gives it
+    every CPU of the socket its share falls on.  Hosts whose CPUs are unknown stay unbound."""
+    if bind_to == "none":
+        return plan
+    bound = []
+    for rank in plan.ranks:
+        cpus = list(topology.get(rank.host.name, ()))
+        if not cpus:
+            bound.append(rank)
+            continue
+        n, count = rank.local_world_size, len(cpus)
+        if count >= n:
+            share = cpus[rank.local_rank * count // n : (rank.local_rank + 1) * count // n]
+        else:
+            share = [cpus[rank.local_rank % count]]
+        if bind_to == "socket":
+            socket = share[0][1]
+            share = [cpu for cpu in cpus if cpu[1] == socket]
+        bound.append(replace(rank, cpus=tuple(cpu for cpu, _ in share)))
+    return Plan(tuple(bound))
 
 
 def assign_by_slot(counts: Sequence[int]) -> list[int]:

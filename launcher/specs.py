@@ -21,7 +21,7 @@ from launcher.env import (
     build_ps_tf_configs,
     build_tf_configs,
 )
-from launcher.plan import Plan, Rank
+from launcher.plan import Cpu, Plan, Rank
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, shown by dry runs of remote jobs
 # Across hosts, gloo and NCCL must talk over the NIC that reaches MASTER_ADDR (as horovodrun does).
@@ -40,6 +40,7 @@ class Site:
     interfaces: Mapping[str, str] = field(default_factory=dict)  # its NIC towards MASTER_ADDR
     networks: Mapping[str, str] = field(default_factory=dict)  # that NIC's network (CIDR)
     pythons: Mapping[str, str] = field(default_factory=dict)  # the interpreter to use there
+    cpus: Mapping[str, tuple[Cpu, ...]] = field(default_factory=dict)  # (cpu, socket) there
     python_script: bool = False  # COMMAND is a Python script: it runs with that interpreter
 
     @property
@@ -94,7 +95,7 @@ def build_job_specs(
         extra=extra,
         base_env=environ,
         tf_config=tf_configs,
-        host_env=nic_env(site, environ, extra),
+        host_env=nic_env(site, environ, extra, config.env.nics),
         groups=role_groups(plan) if config.ps is not None else {},
         nodes=len({r.host.name for r in plan.ranks}),
     )
@@ -116,9 +117,9 @@ def rank_argv(
     def argv(rank: Rank) -> Sequence[str]:
         if server is not None and rank.role in ("ps", "worker"):
             return server_argv(site, server, rank)
-        if site.python_script:
+        if site.python_script or config.module:
             python = config.python or site.pythons.get(rank.host.name, "python3")
-            return (python, *config.command)
+            return (python, *(("-m",) if config.module else ()), *config.command)
         return config.command
 
     return argv
@@ -165,12 +166,14 @@ def role_env(config: JobConfig) -> dict[str, str]:
 
 
 def nic_env(
-    site: Site, environ: Mapping[str, str], extra: Mapping[str, str]
+    site: Site, environ: Mapping[str, str], extra: Mapping[str, str], nics: str | None = None
 ) -> dict[str, dict[str, str]]:
-    """Per host, GLOO/NCCL_SOCKET_IFNAME: the NIC towards MASTER_ADDR, unless the user set them."""
+    """Per host, GLOO/NCCL/TP_SOCKET_IFNAME: ``--network-interface`` on every host, else the
+    NIC towards MASTER_ADDR, unless the user set them."""
+    interfaces = {name: nics for name in site.local} if nics else site.interfaces
     return {
         name: {var: interface for var in NIC_VARIABLES if var not in environ and var not in extra}
-        for name, interface in site.interfaces.items()
+        for name, interface in interfaces.items()
     }
 
 

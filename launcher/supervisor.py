@@ -11,6 +11,7 @@ through the injected clock.
 
 from __future__ import annotations
 
+import logging
 import queue
 import signal
 import threading
@@ -39,6 +40,8 @@ from launcher.policy import (
 )
 from launcher.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
 from launcher.transport.base import Transport
+
+LOG = logging.getLogger("dtrain")  # --verbose shows it
 
 __all__ = ["Signalled", "Supervisor", "caught_signals"]
 
@@ -147,6 +150,9 @@ class Supervisor:
             if isinstance(action, Restart):
                 self.restart(action.rank)
             elif isinstance(action, StopAll):
+                LOG.debug(
+                    "stopping the ranks: SIGTERM to %d, SIGKILL in %g s", self.running, self.grace_s
+                )
                 self.signal_running(signal.SIGTERM)
                 deadline = self.clock.now() + self.grace_s
             elif isinstance(action, KillAll):
@@ -155,6 +161,7 @@ class Supervisor:
                     self.output.give_up_views()
                 else:
                     self.kill_cause = f"after the {self.grace_s:g} s grace"
+                LOG.debug("SIGKILL to %d rank(s) %s", self.running, self.kill_cause)
                 self.signal_running(signal.SIGKILL)
                 deadline = self.clock.now() + KILL_WAIT_S
 
@@ -174,6 +181,7 @@ class Supervisor:
     def handle(self, message: Message) -> Event | None:
         """Count closed streams; exits and signals become policy events."""
         if isinstance(message, Signalled):
+            LOG.debug("got %s", signal.Signals(message.signum).name)
             return Interrupted(message.signum)
         run = message.run
         if isinstance(message, StreamEnd):
@@ -184,6 +192,7 @@ class Supervisor:
             self.output.post_state(run.state)
             return None
         self.record_exit(message)
+        LOG.debug("rank %d on %s exited with %s", run.spec.rank, run.spec.host.name, message.status)
         self.output.post_state(run.state)
         return RankExited(run.spec.rank, message.status, message.time)
 
@@ -223,6 +232,7 @@ class Supervisor:
         )
         run = RankRun(spec, process, state, self.events.put, self.output, self.clock.wall)
         self.runs[spec.rank] = run
+        LOG.debug("rank %d started on %s (pid %s)", spec.rank, spec.host.name, process.pid)
         self.output.post_state(state)
         run.watch(self.output_dir)
 
@@ -231,6 +241,10 @@ class Supervisor:
         old = self.runs[rank]
         self.retired.append(old)
         self.start(old.spec, restarts=old.state.restarts + 1)
+
+    @property
+    def running(self) -> int:
+        return sum(1 for run in self.runs.values() if run.running)
 
     def signal_running(self, signum: int) -> None:
         if signum == signal.SIGKILL:

@@ -9,6 +9,7 @@ rendezvous) and returns the facts as a pure ``Site`` beside the open agents.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -17,15 +18,21 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from launcher.command import is_python_script
 from launcher.config import JobConfig, SshConfig, check_host_sources
 from launcher.errors import HostConnectionError, LauncherError, UsageError
 from launcher.hosts import Host, parse_host_list, parse_hostfile
-from launcher.plan import Plan
+from launcher.plan import Cpu, Plan
+from launcher.remote.probe import cpus as probe_cpus
 from launcher.specs import Site
 from launcher.transport.local import detect_local_gpus, find_free_ports, is_local_address
+
+if TYPE_CHECKING:
+    from launcher.transport.ssh import HostReport
+
+LOG = logging.getLogger("dtrain")  # --verbose shows it
 
 T = TypeVar("T")
 GPU_BUSY_UTILIZATION = 5  # percent
@@ -145,8 +152,10 @@ def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], work
     if local_names:
         gpus = detect_local_gpus(environ) if config.placement.gpu_binding else ()
         ports = find_free_ports(1 + sum(ranks_on[n] for n in local_names))
+        cpus = tuple((c, s) for c, s in probe_cpus())
         for name in local_names:
             facts.gpus[name] = gpus
+            facts.cpus[name] = cpus
             facts.ports[name] = ports  # one pool: the local names are one machine
             facts.addresses[name] = "127.0.0.1" if not remote_hosts else name
     survey = Survey(facts.freeze())
@@ -156,6 +165,7 @@ def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], work
     elif remote_hosts:
         from launcher.transport.ssh import connect_all
 
+        LOG.debug("connecting to %d host(s) over ssh", len(remote_hosts))
         survey.connections = connect_all(remote_hosts, settings, ssh_config)
         try:
             probe_remote_hosts(survey, facts, plan, config, environ, workdir, ranks_on)
@@ -177,6 +187,7 @@ class SiteFacts:
     interfaces: dict[str, str] = field(default_factory=dict)
     networks: dict[str, str] = field(default_factory=dict)
     pythons: dict[str, str] = field(default_factory=dict)
+    cpus: dict[str, tuple[Cpu, ...]] = field(default_factory=dict)
     python_script: bool = False
 
     def freeze(self) -> Site:
@@ -206,7 +217,8 @@ def probe_remote_hosts(
             facts.addresses[name] = our_address or name
     master = config.placement.master_addr or facts.addresses[plan.ranks[0].host.name]
 
-    program = config.command[0] if config.command else None  # none: a standing TF cluster
+    # None: a standing TF cluster, or a module (-m), which its interpreter finds
+    program = config.command[0] if config.command and not config.module else None
     if program and facts.python_script and "/" not in program:
         program = f"./{program}"  # a script is looked for in the working directory, not PATH
 
@@ -231,36 +243,60 @@ def probe_remote_hosts(
     if errors:
         raise errors[0]
     for name, (_, report) in opened.items():  # type: ignore[misc]  # no errors left
-        facts.pythons[name] = report.python
-        if not report.cwd_ok:
-            raise HostConnectionError(
-                f"{name}: working directory {workdir} does not exist there",
-                "create it (same path on every host), or pass --workdir",
-            )
-        if program is not None and report.program is None and facts.python_script:
-            raise HostConnectionError(
-                f"{name}: script {config.command[0]} not found there in {workdir}",
-                "the same working directory must hold it on every host (a shared file "
-                "system, or a copy at the same path)",
-            )
-        if program is not None and report.program is None:
-            raise HostConnectionError(
-                f"{name}: program {config.command[0]!r} not found there (PATH, {workdir})",
-                "install it there, or give a path that exists on every host",
-            )
-        facts.ports[name] = list(report.ports)
-        facts.gpus[name] = tuple(g["index"] for g in report.gpus)
-        if report.route:
-            facts.interfaces[name] = report.route["interface"]
-            facts.networks[name] = report.route.get("network", "")
+        take_report(facts, name, report, config, workdir, program)
     local_route = interface_towards(master)
     for name, is_local in facts.local.items():
         if is_local and local_route:
             facts.interfaces[name] = local_route["interface"]
 
 
+def take_report(
+    facts: SiteFacts,
+    name: str,
+    report: HostReport,
+    config: JobConfig,
+    workdir: str,
+    program: str | None,
+) -> None:
+    """One host's probe into the facts; a missing directory or program is an error."""
+    facts.pythons[name] = report.python
+    if not report.cwd_ok:
+        raise HostConnectionError(
+            f"{name}: working directory {workdir} does not exist there",
+            "create it (same path on every host), or pass --workdir",
+        )
+    if program is not None and report.program is None and facts.python_script:
+        raise HostConnectionError(
+            f"{name}: script {config.command[0]} not found there in {workdir}",
+            "the same working directory must hold it on every host (a shared file "
+            "system, or a copy at the same path)",
+        )
+    if program is not None and report.program is None:
+        raise HostConnectionError(
+            f"{name}: program {config.command[0]!r} not found there (PATH, {workdir})",
+            "install it there, or give a path that exists on every host",
+        )
+    facts.ports[name] = list(report.ports)
+    facts.gpus[name] = tuple(g["index"] for g in report.gpus)
+    facts.cpus[name] = report.cpus
+    LOG.debug(
+        "agent started on %s: %s %s, %d cpu(s), %d gpu(s), interface %s",
+        name,
+        report.python,
+        report.python_version,
+        len(report.cpus),
+        len(report.gpus),
+        (report.route or {}).get("interface", "?"),
+    )
+    if report.route:
+        facts.interfaces[name] = report.route["interface"]
+        facts.networks[name] = report.route.get("network", "")
+
+
 def python_script(config: JobConfig, workdir: str) -> bool:
     """Does COMMAND run with Python (``train.py``, or a non-executable file here)?"""
+    if config.module:
+        return True
     if config.no_python or not config.command:
         return False
     path = Path(workdir, config.command[0])
@@ -283,7 +319,7 @@ def check_local_program(
     if not Path(workdir).is_dir():
         raise UsageError(f"--workdir {workdir}: no such directory", "check the path")
     if not command:
-        return  # a standing TF cluster: the servers are dtrain's
+        return  # a standing TF cluster (the servers are dtrain's), or a module
     program = command[0]
     if site.python_script:
         if not Path(workdir, program).is_file():

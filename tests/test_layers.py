@@ -18,7 +18,7 @@ LAYERS = [
     ("loop", {"clock", "rankrun", "supervisor"}),
     ("job", {"job", "survey", "background"}),
     ("view", {"console"}),
-    ("edge", {"cli", "options", "__main__", ""}),
+    ("edge", {"cli", "options", "dialects", "__main__", ""}),
 ]
 LEVEL = {name: level for level, (_, names) in enumerate(LAYERS) for name in names}
 

@@ -2,8 +2,8 @@
 
 Stdlib only and self-contained (sent as text over SSH).  Prints one JSON
 object: hostname, Python, working directory and program found or not, free
-ports, GPUs (nvidia-smi), the clock, and with ``versions`` the installed
-versions of the frameworks dtrain launches.
+ports, GPUs (nvidia-smi), the CPUs it may use with their sockets, the clock,
+and with ``versions`` the installed versions of the frameworks dtrain launches.
 """
 
 from __future__ import annotations
@@ -35,6 +35,20 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def cpus() -> list[list[int]]:
+    """[cpu, socket] of every CPU this process may run on (its affinity: cgroups, taskset)."""
+    found = []
+    for cpu in sorted(os.sched_getaffinity(0)):
+        path = f"/sys/devices/system/cpu/cpu{cpu}/topology/physical_package_id"
+        try:
+            with open(path) as f:
+                package = int(f.read().strip())
+        except (OSError, ValueError):
+            package = 0
+        found.append([cpu, max(package, 0)])
+    return found
 
 
 def gpus() -> list[dict[str, str]]:
@@ -123,6 +137,7 @@ def probe(args: dict) -> dict:  # type: ignore[type-arg]
         "cwd_ok": os.path.isdir(cwd),
         "ports": free_ports(int(args.get("ports", 1))),
         "gpus": gpus(),
+        "cpus": cpus(),
         "time": time.time(),
     }
     if args.get("program"):

@@ -36,6 +36,7 @@ from launcher.transport.base import Stream
 # paramiko logs its own tracebacks on failed connections; dtrain reports them in one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
+LOG = logging.getLogger("dtrain")  # --verbose shows it
 
 KEEPALIVE_S = 15
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"  # ssh's defaults
@@ -308,6 +309,7 @@ def connect(
     assert transport is not None
     tune_socket(transport)
     peer, local = address_pair(transport)
+    LOG.debug("connected to %s (%s) as %s", where, peer, target.user)
     return SshConnection(
         host, target, client, jump, peer_address=peer or target.hostname, local_address=local
     )
@@ -463,6 +465,7 @@ class HostReport:
     gpus: tuple[dict[str, str], ...]
     time: float
     program: str | None = None
+    cpus: tuple[tuple[int, int], ...] = ()  # (cpu, socket) it may run on
     versions: Mapping[str, str | None] = field(default_factory=dict)
     route: Mapping[str, str] | None = None  # {"address", "interface"} towards route_to
 
@@ -501,6 +504,7 @@ def report_from(data: Mapping[str, Any]) -> HostReport:
         gpus=tuple(data["gpus"]),
         time=data["time"],
         program=data.get("program"),
+        cpus=tuple((int(c), int(s)) for c, s in data.get("cpus", ())),
         versions=data.get("versions", {}),
         route=data.get("route"),
     )
