@@ -42,6 +42,14 @@ class PeerFlag:
     value: Any = None  # for a flag: the value it sets (e.g. --bind_cores_to_rank: "core")
     refused: str | None = None  # why not, and what to do instead
     example: str | None = None  # a value, for the tests and the docs
+    same: str | None = None  # dtrain's arguments meaning the same (default: dtrain + example)
+
+    @property
+    def equivalent(self) -> list[str]:
+        """dtrain's own arguments for this flag with its example value (what the tests run)."""
+        if self.same is not None:
+            return self.same.split()
+        return [*self.dtrain.split(), *([self.example] if self.example else [])]
 
 
 def alias(
@@ -135,6 +143,7 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
         "--master-addr/--master-port",
         "text",
         example="127.0.0.1:29556",
+        same="--master-addr 127.0.0.1 --master-port 29556",
     ),
     alias("torchrun", "--no_python", "no_python", "--no-python"),
     alias(
@@ -148,7 +157,15 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
         "text",
         example="0",
     ),
-    alias("torchrun", "-r --redirects", "redirects", "--redirects", "text", example="3"),
+    alias(
+        "torchrun",
+        "-r --redirects",
+        "redirects",
+        "--quiet (3), or that stream off the terminal (1: stdout, 2: stderr)",
+        "text",
+        example="3",
+        same="--quiet",
+    ),
     accept(
         "torchrun",
         "-t --tee",
@@ -259,7 +276,8 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
         "launcher",
         "--mpi for openmpi; pdsh/ssh: the default",
         "text",
-        example="pdsh",
+        example="openmpi",
+        same="--mpi",
     ),
     accept(
         "deepspeed",
@@ -279,9 +297,10 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
     ),
     refuse(
         "deepspeed",
-        "--venv_script --save_pid --launcher_args",
-        "dtrain passes VIRTUAL_ENV and runs the same interpreter path; see docs/coming-from.md",
+        "--venv_script",
+        "dtrain passes VIRTUAL_ENV and runs the same interpreter path on every host",
     ),
+    refuse("deepspeed", "--save_pid", "dtrain jobs --running lists the job; dtrain stop stops it"),
     # one letter, two meanings
     refuse(
         "horovodrun/deepspeed",
@@ -343,7 +362,7 @@ def merge_peer_values(
         if isinstance(own, tuple):  # repeatable (-H): both add up
             merged[field] = own + tuple(value)
             continue
-        if own is not None and own != defaults.get(field) and own != value:
+        if own not in (None, False) and own != defaults.get(field) and own != value:
             raise UsageError(
                 f"{flag} {value} and {own_flags.get(field, field)} {own} both given",
                 "give one of them",

@@ -6,7 +6,18 @@ import pytest
 
 from launcher.errors import PlanError
 from launcher.hosts import Host
-from launcher.plan import Plan, Rank, bind_gpus, bind_ps_gpus, plan_ps, plan_ranks
+from launcher.plan import (
+    BindTo,
+    Plan,
+    Rank,
+    bind_cpus,
+    bind_gpus,
+    bind_ps_gpus,
+    per_node_counts,
+    plan_ps,
+    plan_ranks,
+    select_hosts,
+)
 
 A, B, C = Host("a", 2), Host("b", 2), Host("c", 1)
 
@@ -217,3 +228,96 @@ def test_ps_gpu_binding_counts_only_compute_tasks() -> None:
     ]
     with pytest.raises(PlanError, match="at least one of each"):
         plan_ps([Host("a")], workers=0, ps=1)
+
+
+# -- peers' placement: --nproc-per-node auto|gpu|cpu, --nnodes, --include/--exclude, --bind-to
+
+
+def test_per_node_counts_by_gpus_else_cores() -> None:
+    hosts = [Host("a"), Host("b", gpus=("0", "1", "2")), Host("c")]
+    gpus = {"a": ("0", "1"), "c": ()}
+    cpus = {"a": ((0, 0),) * 8, "b": ((0, 0),) * 4, "c": tuple((i, 0) for i in range(6))}
+    assert per_node_counts(hosts, "auto", gpus, cpus) == [2, 3, 6]
+    assert per_node_counts(hosts, "cpu", gpus, cpus) == [8, 4, 6]
+    with pytest.raises(PlanError, match="--nproc-per-node gpu: no GPU found on c"):
+        per_node_counts(hosts, "gpu", gpus, cpus)
+    plan = plan_ranks(hosts, nproc_per_node=[2, 3, 1])
+    assert [(r.host.name, r.local_rank, r.local_world_size) for r in plan.ranks] == [
+        ("a", 0, 2),
+        ("a", 1, 2),
+        ("b", 0, 3),
+        ("b", 1, 3),
+        ("b", 2, 3),
+        ("c", 0, 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "include", "exclude", "expected"),
+    [
+        (None, None, None, [("a", 2, None), ("b", 2, None), ("c", 4, ("0", "1", "2", "3"))]),
+        (2, None, None, [("a", 2, None), ("b", 2, None)]),
+        (None, "a@c", None, [("a", 2, None), ("c", 4, ("0", "1", "2", "3"))]),
+        (None, "c:1,3@a", None, [("a", 2, None), ("c", 2, ("1", "3"))]),
+        (None, "b:1", None, [("b", 1, ("1",))]),  # no gpus=: DeepSpeed's 0..slots-1
+        (None, None, "b", [("a", 2, None), ("c", 4, ("0", "1", "2", "3"))]),
+        (None, None, "c:0@a", [("b", 2, None), ("c", 3, ("1", "2", "3"))]),
+        (1, None, "a", [("b", 2, None)]),  # filters first, then the first N
+    ],
+)
+def test_host_selection(
+    nnodes: int | None, include: str | None, exclude: str | None, expected: list[object]
+) -> None:
+    hosts = [Host("a", 2), Host("b", 2), Host("c", 4, gpus=("0", "1", "2", "3"))]
+    chosen = select_hosts(hosts, nnodes, include, exclude)
+    assert [(h.name, h.slots, h.gpus) for h in chosen] == expected
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "include", "exclude", "message"),
+    [
+        (4, None, None, "--nnodes 4: only 3 host(s) given (a, b, c)"),
+        (None, "a@d", None, "--include 'a@d': 'd' is not one of the hosts (a, b, c)"),
+        (None, "c:7", None, "--include 'c:7': host c has no GPU '7' (it has 0,1,2,3)"),
+        (None, "b:", None, "host b has no GPU ''"),
+        (None, None, "a@b@c", "--exclude 'a@b@c' leaves no host"),
+        (None, "a", "b", "--include and --exclude both given"),
+    ],
+)
+def test_host_selection_errors(
+    nnodes: int | None, include: str | None, exclude: str | None, message: str
+) -> None:
+    hosts = [Host("a", 2), Host("b", 2), Host("c", 4, gpus=("0", "1", "2", "3"))]
+    with pytest.raises(PlanError) as caught:
+        select_hosts(hosts, nnodes, include, exclude)
+    assert message in caught.value.message
+
+
+def test_included_gpus_bind_the_ranks() -> None:
+    hosts = select_hosts([Host("a", 4)], None, "a:1,3", None)
+    plan = bind_gpus(plan_ranks(hosts), {})
+    assert [r.gpus for r in plan.ranks] == [("1",), ("3",)]
+
+
+TWO_SOCKETS = {"a": tuple((cpu, cpu // 4) for cpu in range(8))}  # cpus 0-3 socket 0, 4-7 socket 1
+
+
+@pytest.mark.parametrize(
+    ("ranks", "bind_to", "expected"),
+    [
+        (2, "core", [(0, 1, 2, 3), (4, 5, 6, 7)]),
+        (3, "core", [(0, 1), (2, 3, 4), (5, 6, 7)]),
+        (8, "core", [(c,) for c in range(8)]),
+        (10, "core", [(c % 8,) for c in range(10)]),  # more ranks than CPUs: one each, round robin
+        (4, "socket", [(0, 1, 2, 3)] * 2 + [(4, 5, 6, 7)] * 2),
+        (2, "none", [None, None]),
+    ],
+)
+def test_cpu_binding(ranks: int, bind_to: BindTo, expected: list[object]) -> None:
+    plan = bind_cpus(plan_ranks([Host("a", ranks)]), TWO_SOCKETS, bind_to)
+    assert [r.cpus for r in plan.ranks] == expected
+
+
+def test_cpu_binding_leaves_hosts_of_unknown_cpus_alone() -> None:
+    plan = bind_cpus(plan_ranks([Host("a", 1), Host("b", 1)]), TWO_SOCKETS, "core")
+    assert [r.cpus for r in plan.ranks] == [tuple(range(8)), None]

@@ -707,3 +707,23 @@ def test_a_python_script_runs_on_remote_hosts(
     missing = run_dtrain("run", *ssh(ssh_hosts), "-H", "node1", "nothere.py", cwd=tmp_path)
     assert missing.returncode == 1
     assert f"node1: script nothere.py not found there in {tmp_path}" in missing.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(280)
+def test_torch_rpc_parameter_server_across_hosts(ssh_hosts: TestHosts, mark: str) -> None:
+    """TensorPipe binds 127.0.0.1 where host names do not resolve: TP_SOCKET_IFNAME fixes it."""
+    pytest.importorskip("torch")
+    result = run_dtrain(
+        "ps", *ssh(ssh_hosts), "--framework", "torch", "--workers", "2", "--ps", "1",
+        "-H", "node1:1,node2:2", "-x", f"DTRAIN_TEST_MARK={mark}",
+        "python", "examples/torch_rpc_ps.py", "--epochs", "3",
+        timeout=270,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    accuracy = float(
+        next(ln for ln in result.stdout.splitlines() if "test accuracy" in ln).split()[-1]
+    )
+    assert accuracy >= 0.9
+    assert any(ln.startswith("[worker1@node2]") for ln in result.stdout.splitlines())
+    assert_nothing_left(ssh_hosts, mark)
