@@ -180,3 +180,40 @@ def decide_by_role(state: JobState, event: RankExited) -> tuple[JobState, Action
     if not state.running:
         return state, Finish(state.exit_code)
     return state, Continue()
+
+
+# -- whole-job restarts (--max-restarts) ------------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How one attempt of the job ended, as the restart decision needs it."""
+
+    exit_code: int
+    interrupted: bool  # dtrain was signalled (Ctrl-C, SIGTERM, dtrain stop): never restart
+    failed_rank: int | None = None
+
+
+@dataclass(frozen=True)
+class RestartAfter:
+    """Start the next attempt after ``delay_s``."""
+
+    attempt: int  # the number of the attempt to start (the first is 0)
+    delay_s: float
+
+
+FIRST_DELAY_S = 1.0  # the default backoff: 1 s, 2 s, 4 s ... up to MAX_DELAY_S
+MAX_DELAY_S = 30.0
+
+
+def decide_restart(
+    end: AttemptEnd, attempt: int, max_restarts: int, delay_s: float | None = None
+) -> RestartAfter | None:
+    """After attempt ``attempt`` (0-based) ended: the next attempt, or None (the job ends with
+    this attempt's exit code).  A success or a signal to dtrain ends the job; a failure
+    restarts while fewer than ``max_restarts`` restarts were made, after ``delay_s`` (given)
+    or a backoff doubling from 1 s up to 30 s."""
+    if end.interrupted or end.exit_code == 0 or attempt >= max_restarts:
+        return None
+    delay = delay_s if delay_s is not None else min(FIRST_DELAY_S * 2**attempt, MAX_DELAY_S)
+    return RestartAfter(attempt + 1, delay)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from launcher.policy import (
     Action,
+    AttemptEnd,
     Continue,
     Event,
     Failure,
@@ -16,8 +19,10 @@ from launcher.policy import (
     KillAll,
     RankExited,
     Restart,
+    RestartAfter,
     StopAll,
     decide,
+    decide_restart,
     describe_status,
     exit_code_of,
     start_state,
@@ -140,3 +145,28 @@ def test_the_first_failure_is_the_earliest_not_the_first_reported() -> None:
     # A rank stopped for the failure dies after it: it never takes the blame.
     state, _ = play(2, [RankExited(0, 3, time=5.0), RankExited(1, -15, time=5.1)])
     assert state.failure == Failure(0, 3, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("end", "attempt", "max_restarts", "delay", "expected"),
+    [
+        (AttemptEnd(0, False), 0, 3, None, None),  # success: done
+        (AttemptEnd(1, False, 2), 0, 3, None, RestartAfter(1, 1.0)),
+        (AttemptEnd(137, False, 0), 1, 3, None, RestartAfter(2, 2.0)),
+        (AttemptEnd(1, False, 0), 2, 3, None, RestartAfter(3, 4.0)),
+        (AttemptEnd(1, False, 0), 3, 3, None, None),  # budget spent: the last attempt's code
+        (AttemptEnd(1, False, 0), 0, 0, None, None),  # no restarts asked for
+        (AttemptEnd(130, True), 0, 3, None, None),  # Ctrl-C never restarts
+        (AttemptEnd(143, True, 1), 0, 3, None, None),  # nor SIGTERM, even after a failure
+        (AttemptEnd(1, False, 0), 0, 3, 0.25, RestartAfter(1, 0.25)),  # --restart-delay
+        (AttemptEnd(1, False, 0), 9, 20, None, RestartAfter(10, 30.0)),  # backoff capped
+    ],
+)
+def test_restart_decisions(
+    end: AttemptEnd,
+    attempt: int,
+    max_restarts: int,
+    delay: float | None,
+    expected: RestartAfter | None,
+) -> None:
+    assert decide_restart(end, attempt, max_restarts, delay) == expected
