@@ -140,6 +140,9 @@ class JobConfig:
     python: str | None = None  # --python: the interpreter of a Python script COMMAND
     no_python: bool = False  # --no-python: run COMMAND as given (torchrun's flag)
     module: bool = False  # -m: COMMAND is a Python module (python -m COMMAND)
+    max_restarts: int = 0  # whole-job restarts after a failure
+    restart_delay_s: float | None = None  # None: a backoff (1 s, 2 s, 4 s ... 30 s)
+    checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR (default: in the job directory)
     verbose: bool = False  # -v: what dtrain does, with timestamps
     dry_run: bool = False
     detach: bool = False
@@ -261,7 +264,13 @@ def config_from_options(
     )
 
 
-JOB_DEFAULTS: dict[str, Any] = {"module": False, "verbose": False}
+JOB_DEFAULTS: dict[str, Any] = {
+    "module": False,
+    "verbose": False,
+    "max_restarts": 0,
+    "restart_delay_s": None,
+    "checkpoint_dir": None,
+}
 
 
 def with_peer_meanings(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -369,6 +378,9 @@ JOB_FIELDS = (
     "no_python",
     "module",
     "verbose",
+    "max_restarts",
+    "restart_delay_s",
+    "checkpoint_dir",
     "dry_run",
     "detach",
     "job_dir",

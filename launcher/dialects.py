@@ -199,11 +199,7 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
         "--node-rank --node_rank",
         "dtrain starts every host from this one command; node ranks follow the host order",
     ),
-    refuse(
-        "torchrun",
-        "--max-restarts --max_restarts",
-        "restarts are not supported yet; rerun the job (checkpoints make it resume)",
-    ),
+    alias("torchrun", "--max_restarts", "max_restarts", "--max-restarts", "int", example="2"),
     refuse(
         "torchrun",
         "--role",

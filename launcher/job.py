@@ -51,6 +51,7 @@ from launcher.plan import (
     plan_ranks,
     select_hosts,
 )
+from launcher.policy import AttemptEnd, RestartAfter, decide_restart, describe_status
 from launcher.specs import ServerProgram, Site, build_job_specs
 from launcher.supervisor import Supervisor, caught_signals
 from launcher.survey import (
@@ -103,6 +104,7 @@ class DryRun:
 @dataclass(frozen=True)
 class Finished:
     result: JobResult
+    master_port: int | None = None  # the attempt's rendezvous port (a restart takes another)
 
 
 JobOutcome = DryRun | Finished
@@ -135,19 +137,66 @@ def run_job(
     config = validate_config(with_hostfile_shorthand(config, frontend))
     files = [(path, read_text(path, "--env-file")) for path in config.env.env_files]
     extra = resolve_env_args(config.env.exports, files, environ)
+    job_id = config.job_id or new_job_id()
     attempt = Attempt(
         config=config,
         environ=environ,
         frontend=frontend,
-        job_id=config.job_id or new_job_id(),
+        job_id=job_id,
         extra=extra,
         workdir=config.env.workdir or os.getcwd(),
         output_dir=None if config.dry_run else prepare_output_dir(config.view.output_dir),
         survey=survey,
         transports=transports,
         clock=clock,
+        checkpoint_dir=config.checkpoint_dir
+        or str(jobs_root(config.job_dir, environ) / job_id / "checkpoints"),
     )
-    return attempt.run()
+    return run_attempts(attempt)
+
+
+def run_attempts(attempt: Attempt) -> JobOutcome:
+    """The job's attempts: after a failure, the whole job again (``--max-restarts``) on new
+    ports, once nothing of the failed attempt runs anywhere (the supervisor saw to that)."""
+    config, ports = attempt.config, set[int]()
+    while True:
+        outcome = attempt.run()
+        if not isinstance(outcome, Finished):
+            return outcome
+        result = outcome.result
+        ports.update([outcome.master_port] if outcome.master_port else [])
+        end = AttemptEnd(
+            result.exit_code,
+            interrupted=result.interrupt is not None,
+            failed_rank=result.failure.rank if result.failure else None,
+        )
+        after = decide_restart(end, attempt.number, config.max_restarts, config.restart_delay_s)
+        if after is None:
+            return outcome
+        attempt.frontend.notice(restart_notice(result, after, config.max_restarts))
+        if not pause(after.delay_s):
+            return outcome  # a signal while waiting: no restart
+        attempt = replace(attempt, number=after.attempt, avoid_ports=frozenset(ports))
+
+
+def restart_notice(result: JobResult, after: RestartAfter, max_restarts: int) -> str:
+    failure = result.failure
+    what = (
+        f"rank {failure.rank} on {failure.host} {failure.cause or describe_status(failure.status)}"
+        if failure
+        else f"exit code {result.exit_code}"
+    )
+    return (
+        f"dtrain: attempt {after.attempt - 1} failed ({what}); restart {after.attempt} of "
+        f"{max_restarts} in {after.delay_s:g} s"
+    )
+
+
+def pause(seconds: float) -> bool:
+    """Wait between attempts; False when dtrain is signalled meanwhile (Ctrl-C, stop)."""
+    stop = threading.Event()
+    with caught_signals(lambda signum: stop.set(), enabled=True):
+        return not stop.wait(seconds)
 
 
 @dataclass(frozen=True)
@@ -164,6 +213,9 @@ class Attempt:
     survey: SurveyHosts
     transports: OpenTransport
     clock: Clock | None = None
+    checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR
+    number: int = 0  # 0: the first attempt; n: the n-th restart
+    avoid_ports: frozenset[int] = frozenset()  # rendezvous ports of the attempts before
 
     def run(self) -> JobOutcome:
         config = self.config
@@ -191,6 +243,9 @@ class Attempt:
                 environ=self.environ,
                 cwd=self.workdir,
                 server=builtin_server(config),
+                attempt=self.number,
+                avoid_ports=self.avoid_ports,
+                checkpoint_dir=self.checkpoint_dir,
             )
             if config.mpi is not None:
                 return self.run_mpi(plan, surveyed, specs)
@@ -201,7 +256,8 @@ class Attempt:
             transport = self.transports(surveyed, config, self.environ)
             # A standing cluster's chief is the user's coordinator: not started here.
             started = [s for s in specs if not (config.standing_cluster and s.role == "chief")]
-            return Finished(self.supervise(plan, specs, started, transport))
+            port = int(specs[0].env["MASTER_PORT"])
+            return Finished(self.supervise(plan, specs, started, transport), port)
         finally:
             surveyed.close()
 

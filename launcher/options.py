@@ -176,4 +176,26 @@ view_options = stacked(
         is_flag=True,
     ),
 )
-job_options = stacked(host_options, rank_options, view_options, ssh_options)
+# Fault tolerance: the whole job again after a failure, resuming from its checkpoints.
+restart_options = stacked(
+    option(
+        "--max-restarts",
+        "After a failure, start the whole job again, at most N times (new rendezvous port; "
+        "ranks see DTRAIN_RESTART_COUNT).",
+        type=click.IntRange(0),
+        default=0,
+        **COUNT,
+    ),
+    option(
+        "--restart-delay restart_delay_s",
+        "Wait between attempts (default: 1 s, doubling up to 30 s).",
+        type=click.FloatRange(0),
+        metavar="SECONDS",
+    ),
+    option(
+        "--checkpoint-dir",
+        "DTRAIN_CHECKPOINT_DIR of every rank (default: checkpoints/ in the job directory).",
+        metavar="DIR",
+    ),
+)
+job_options = stacked(host_options, rank_options, restart_options, view_options, ssh_options)

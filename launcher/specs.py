@@ -9,7 +9,7 @@ as arguments, so tables of inputs and outputs test it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.command import LaunchSpec, build_launch_specs
@@ -66,15 +66,19 @@ def build_job_specs(
     environ: Mapping[str, str],
     cwd: str,
     server: ServerProgram | None = None,
+    attempt: int = 0,
+    avoid_ports: Collection[int] = (),
+    checkpoint_dir: str | None = None,
 ) -> list[LaunchSpec]:
     """One spec per rank: argv, working directory and the environment dtrain sets.
 
     ``extra`` holds the resolved ``-x``/``--env-file`` variables, ``environ``
     the launcher's own environment (variables the user set there win over
     dtrain's NIC guesses).  A Python script COMMAND (``site.python_script``) runs
-    with each host's interpreter (``site.pythons``, or ``--python``).
+    with each host's interpreter (``site.pythons``, or ``--python``).  A restart's
+    ``attempt`` (from 1) avoids the rendezvous ports of the attempts before it.
     """
-    ports = PortPool(site)
+    ports = PortPool(site, avoid_ports)
     rank0 = plan.ranks[0].host.name
     master_port = config.placement.master_port or ports.take(rank0, DEFAULT_MASTER_PORT)
     tf_configs: dict[int, str] = {}
@@ -85,7 +89,8 @@ def build_job_specs(
         }
         build = build_ps_tf_configs if config.tf_ps else build_tf_configs
         tf_configs = build(plan, tf_ports, site.addresses)
-    extra = {**role_env(config), **extra}
+    checkpoints = {"DTRAIN_CHECKPOINT_DIR": checkpoint_dir} if checkpoint_dir else {}
+    extra = {**role_env(config), **checkpoints, **extra}
     if site.remote_hosts and not config.dry_run and "VIRTUAL_ENV" in environ:
         extra = {"VIRTUAL_ENV": environ["VIRTUAL_ENV"], **extra}
     env_options = EnvOptions(
@@ -98,6 +103,8 @@ def build_job_specs(
         host_env=nic_env(site, environ, extra, config.env.nics),
         groups=role_groups(plan) if config.ps is not None else {},
         nodes=len({r.host.name for r in plan.ranks}),
+        restart_count=attempt,
+        max_restarts=config.max_restarts,
     )
     return build_launch_specs(
         plan,
@@ -132,7 +139,8 @@ class PortPool:
     from one pool: two names for one machine must not get the same port.
     """
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: Site, avoid: Collection[int] = ()) -> None:
+        self.avoid = set(avoid)  # ports earlier attempts used: a restart gets new ones
         self.free: dict[str, Iterator[int]] = {}
         here: Iterator[int] | None = None
         for name, ports in site.ports.items():
@@ -144,7 +152,12 @@ class PortPool:
 
     def take(self, host: str, fallback: int) -> int:
         """A free port of ``host``; ``fallback`` where none was found (dry runs, no probe)."""
-        return next(self.free.get(host, iter(())), fallback)
+        for port in self.free.get(host, iter(())):
+            if port not in self.avoid:
+                return port
+        while fallback in self.avoid:
+            fallback += 1
+        return fallback
 
 
 def role_groups(plan: Plan) -> dict[str, int]:
