@@ -15,6 +15,7 @@ import logging
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -46,6 +47,7 @@ LOG = logging.getLogger("dtrain")  # --verbose shows it
 __all__ = ["Signalled", "Supervisor", "caught_signals"]
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for exits we may never see
+SETTLE_EXTRA_S = 2.0  # beyond the grace, for the watchdogs to exit once the ranks did
 DRAIN_S = 2.0  # after the last exit, how long output may still trickle in
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -100,6 +102,7 @@ class Supervisor:
         self.killed = False
         self.stopped: set[int] = set()  # ranks this supervisor had to signal
         self.sigkilled: set[int] = set()  # ...and those it had to SIGKILL
+        self.unsettled: set[int] = set()  # ranks whose watchdog had not exited at the end
         self.kill_cause: str | None = None  # why SIGKILL: the grace ran out, a second signal
 
     # -- the loop ---------------------------------------------------------
@@ -118,6 +121,7 @@ class Supervisor:
                 self.drain()
             finally:
                 self.teardown()
+                self.settle()
                 self.transport.close()
                 self.output.finish_journals()  # the views are the job's to finish
         return JobResult(
@@ -274,6 +278,15 @@ class Supervisor:
                     self.record_exit(message)
         finally:
             self.signal_running(signal.SIGKILL)
+
+    def settle(self) -> None:
+        """Wait until nothing of any rank runs: each watchdog ends what its program left
+        (within the grace) and exits.  A restart starts only after this."""
+        end = time.monotonic() + self.grace_s + SETTLE_EXTRA_S
+        for run in [*self.runs.values(), *self.retired]:
+            if not run.process.gone(max(0.0, end - time.monotonic())):
+                self.unsettled.add(run.spec.rank)
+                LOG.debug("rank %d: its watchdog is still there", run.spec.rank)
 
     def report(self, rank: int) -> RankReport:
         run = self.runs[rank]

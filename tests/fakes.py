@@ -83,6 +83,9 @@ class FakeProcess:
         assert self.status is not None
         return self.status
 
+    def gone(self, timeout: float) -> bool:
+        return self.exited.wait(timeout)
+
     def signal(self, signum: int) -> None:
         self.signals.append(signum)
         if self.clock is not None:

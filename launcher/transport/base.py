@@ -29,6 +29,11 @@ class Process(Protocol):
         """Send ``signum`` to the rank's whole process group (no-op once it exited)."""
         ...
 
+    def gone(self, timeout: float) -> bool:
+        """Block until nothing of the rank runs (its watchdog ended what the program left
+        and exited), at most ``timeout`` seconds; True when gone."""
+        ...
+
 
 class Transport(Protocol):
     def start(self, spec: LaunchSpec) -> Process: ...

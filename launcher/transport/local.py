@@ -86,6 +86,13 @@ class LocalProcess:
             timer.daemon = True
             timer.start()
 
+    def gone(self, timeout: float) -> bool:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def kill_group(self) -> None:
         if self.popen.poll() is None:
             signal_group(self.pid, signal.SIGKILL)  # the watchdog leads the group

@@ -779,6 +779,10 @@ class AgentProcess:
         assert self.code is not None
         return self.code
 
+    def gone(self, timeout: float) -> bool:
+        # EXITED comes once the watchdog exited, after ending what the program left.
+        return self.exited.wait(timeout)
+
     def signal(self, signum: int) -> None:
         if signum == signal.SIGKILL:
             self.killed = True
