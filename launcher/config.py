@@ -45,11 +45,24 @@ class PlacementConfig:
     gpus_per_rank: int | None = None
     gpu_binding: bool = True  # --no-gpu-binding: leave CUDA_VISIBLE_DEVICES alone
     bind_to: BindTo = "none"  # CPU affinity of each rank (mpirun's --bind-to)
+    min_np: int | None = None  # a restart may shrink the job to this many ranks...
+    max_np: int | None = None  # ...and grow it back up to this many
+    host_discovery_script: str | None = None  # prints the hosts (host:slots lines)
+    blacklist_cooldown_s: float | None = None  # a failed host may come back after this
     report_bindings: bool = False  # say where each rank runs and on which CPUs/GPUs
 
     @property
     def hosts_given(self) -> bool:
         return bool(self.host_lists or self.hostfile)
+
+    @property
+    def elastic(self) -> bool:
+        """The world size may change between attempts (--min-np, --max-np, a discovery script)."""
+        return (
+            self.min_np is not None
+            or self.max_np is not None
+            or self.host_discovery_script is not None
+        )
 
 
 @dataclass(frozen=True)
@@ -179,6 +192,7 @@ def validate_config(config: JobConfig) -> JobConfig:
             "--standalone runs on this machine only, but hosts were given",
             "drop --standalone, or drop -H/--hostfile",
         )
+    check_elastic(placement)
     if config.module and config.no_python:
         raise UsageError("-m/--module and --no-python both given", "use one of them")
     if view.tag_format is not None:
@@ -191,6 +205,22 @@ def validate_config(config: JobConfig) -> JobConfig:
     if config.python is not None and config.no_python:
         raise UsageError("--python and --no-python both given", "use one of them")
     return config
+
+
+def check_elastic(placement: PlacementConfig) -> None:
+    low, high = placement.min_np, placement.max_np
+    if low is not None and high is not None and low > high:
+        raise UsageError(f"--min-np {low} is more than --max-np {high}", "swap them")
+    if placement.host_discovery_script is not None and placement.hosts_given:
+        raise UsageError(
+            "--host-discovery-script and -H/--hostfile both given",
+            "the script lists the hosts: drop -H/--hostfile",
+        )
+    if placement.nproc_per_node is not None and (low is not None or high is not None):
+        raise UsageError(
+            "--min-np/--max-np count ranks, --nproc-per-node ranks per host",
+            "use -np with --min-np/--max-np",
+        )
 
 
 def check_host_sources(host_lists: tuple[str, ...], hostfile: str | None) -> None:

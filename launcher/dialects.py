@@ -66,7 +66,7 @@ def refuse(peer: str, flags: str, instead: str) -> PeerFlag:
     return PeerFlag(peer, flags, None, "-", refused=instead)
 
 
-ELASTIC = "elastic host sets are not supported yet; list the hosts with -H or --hostfile"
+ELASTIC = "dtrain restarts whole jobs: --max-restarts with --min-np/--max-np (fault-tolerance.md)"
 HOROVOD_KNOB = (
     "a Horovod runtime setting: pass its HOROVOD_ variable, e.g. -x HOROVOD_TIMELINE=FILE"
 )
@@ -234,9 +234,16 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
     ),
     refuse(
         "horovodrun",
-        "--min-np --max-np --host-discovery-script --slots-per-host --elastic-timeout "
-        "--reset-limit --blacklist-cooldown-range",
-        ELASTIC,
+        "--slots-per-host --slots",
+        "the discovery script gives each host's slots (host:slots lines)",
+    ),
+    refuse(
+        "horovodrun", "--blacklist-cooldown-range", "give one time: --blacklist-cooldown SECONDS"
+    ),
+    refuse(
+        "horovodrun",
+        "--elastic-timeout --reset-limit",
+        "restarts are counted by --max-restarts; hosts are waited for by --ssh-timeout",
     ),
     refuse(
         "horovodrun",

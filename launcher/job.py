@@ -16,7 +16,8 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from launcher.clock import Clock
 from launcher.command import LaunchSpec, describe_specs
 from launcher.config import JobConfig, validate_config
 from launcher.env import resolve_env_args
+from launcher.errors import PlanError
 from launcher.hosts import Host, parse_host_list
 from launcher.jobs import (
     STOP_MARK,
@@ -46,17 +48,25 @@ from launcher.plan import (
     bind_cpus,
     bind_gpus,
     bind_ps_gpus,
+    elastic_np,
     per_node_counts,
     plan_ps,
     plan_ranks,
     select_hosts,
 )
-from launcher.policy import AttemptEnd, RestartAfter, decide_restart, describe_status
+from launcher.policy import (
+    AttemptEnd,
+    RestartAfter,
+    decide_restart,
+    describe_status,
+    hosts_left_out,
+)
 from launcher.specs import ServerProgram, Site, build_job_specs
 from launcher.supervisor import Supervisor, caught_signals
 from launcher.survey import (
     Survey,
     check_local_program,
+    discover_hosts,
     hostfile_shorthand,
     read_hosts,
     read_text,
@@ -105,6 +115,7 @@ class DryRun:
 class Finished:
     result: JobResult
     master_port: int | None = None  # the attempt's rendezvous port (a restart takes another)
+    failed_hosts: frozenset[str] = frozenset()  # remote hosts to leave out of a restart
 
 
 JobOutcome = DryRun | Finished
@@ -159,12 +170,14 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
     """The job's attempts: after a failure, the whole job again (``--max-restarts``) on new
     ports, once nothing of the failed attempt runs anywhere (the supervisor saw to that)."""
     config, ports = attempt.config, set[int]()
+    failed: dict[str, float] = {}  # host -> when it failed
     while True:
         outcome = attempt.run()
         if not isinstance(outcome, Finished):
             return outcome
         result = outcome.result
         ports.update([outcome.master_port] if outcome.master_port else [])
+        failed.update({host: time.monotonic() for host in outcome.failed_hosts})
         end = AttemptEnd(
             result.exit_code,
             interrupted=result.interrupt is not None,
@@ -173,10 +186,18 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
         after = decide_restart(end, attempt.number, config.max_restarts, config.restart_delay_s)
         if after is None:
             return outcome
+        cooldown = config.placement.blacklist_cooldown_s
         attempt.frontend.notice(restart_notice(result, after, config.max_restarts))
+        if outcome.failed_hosts:
+            back = f"; back after {cooldown:g} s" if cooldown is not None else ""
+            hosts = ", ".join(sorted(outcome.failed_hosts))
+            attempt.frontend.notice(f"dtrain: leaving out {hosts} (failed{back})")
         if not pause(after.delay_s):
             return outcome  # a signal while waiting: no restart
-        attempt = replace(attempt, number=after.attempt, avoid_ports=frozenset(ports))
+        excluded = hosts_left_out(failed, time.monotonic(), cooldown)
+        attempt = replace(
+            attempt, number=after.attempt, avoid_ports=frozenset(ports), excluded=excluded
+        )
 
 
 def restart_notice(result: JobResult, after: RestartAfter, max_restarts: int) -> str:
@@ -216,15 +237,16 @@ class Attempt:
     checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR
     number: int = 0  # 0: the first attempt; n: the n-th restart
     avoid_ports: frozenset[int] = frozenset()  # rendezvous ports of the attempts before
+    excluded: frozenset[str] = frozenset()  # hosts that failed in the attempts before
 
     def run(self) -> JobOutcome:
         config = self.config
-        plan = plan_job(config, self.environ)
+        plan = plan_job(config, self.environ, excluded=self.excluded)
         LOG.debug("job %s: plan %s", self.job_id, describe_plan(plan))
         surveyed = self.survey(plan, config, self.environ, self.workdir)
         try:
             if surveyed.site.remote_hosts and isinstance(config.placement.nproc_per_node, str):
-                plan = plan_job(config, self.environ, surveyed.site)  # counted there now
+                plan = plan_job(config, self.environ, surveyed.site, self.excluded)  # counted
                 LOG.debug("plan by the hosts' GPUs and cores: %s", describe_plan(plan))
             plan = bind_job_gpus(plan, surveyed, config)
             plan = bind_cpus(plan, surveyed.site.cpus, config.placement.bind_to)
@@ -257,7 +279,9 @@ class Attempt:
             # A standing cluster's chief is the user's coordinator: not started here.
             started = [s for s in specs if not (config.standing_cluster and s.role == "chief")]
             port = int(specs[0].env["MASTER_PORT"])
-            return Finished(self.supervise(plan, specs, started, transport), port)
+            result = self.supervise(plan, specs, started, transport)
+            remote = result.failed_hosts & surveyed.site.remote_hosts  # never this machine
+            return Finished(result, port, remote)
         finally:
             surveyed.close()
 
@@ -398,8 +422,14 @@ def with_hostfile_shorthand(config: JobConfig, frontend: Frontend) -> JobConfig:
     return replace(config, placement=replace(config.placement, host_lists=(), hostfile=path))
 
 
-def plan_job(config: JobConfig, environ: Mapping[str, str], site: Site | None = None) -> Plan:
-    """Where the ranks go: -H/--hostfile (or localhost) and the placement options.
+def plan_job(
+    config: JobConfig,
+    environ: Mapping[str, str],
+    site: Site | None = None,
+    excluded: Collection[str] = (),
+) -> Plan:
+    """Where the ranks go: -H/--hostfile (or localhost, or the discovery script's hosts), less
+    the ``excluded`` (failed) hosts, and the placement options.
 
     ``--nproc-per-node auto|gpu|cpu`` counts each host's GPUs or cores: this machine's at
     once, other hosts' from the survey's ``site`` (before it: one rank per host, so that
@@ -414,8 +444,15 @@ def plan_job(config: JobConfig, environ: Mapping[str, str], site: Site | None = 
     if default_slots is None and not placement.hosts_given:
         # One rank per local GPU, as torchrun's --nproc-per-node gpu; else one.
         default_slots = len(local_gpus) or 1
-    hosts = read_hosts(placement.host_lists, placement.hostfile, default_slots)
+    if placement.host_discovery_script is not None:
+        hosts = discover_hosts(placement.host_discovery_script)
+    else:
+        hosts = read_hosts(placement.host_lists, placement.hostfile, default_slots)
     hosts = select_hosts(hosts, placement.nnodes, placement.include, placement.exclude)
+    hosts = healthy_hosts(hosts, excluded)
+    np = placement.np
+    if placement.elastic:
+        np = elastic_np(hosts, placement.np, placement.min_np, placement.max_np)
     counts: int | list[int] | None = per_node if isinstance(per_node, int) else None
     if isinstance(per_node, str):
         here = {h.name: is_local_address(h.name) for h in hosts}
@@ -428,11 +465,22 @@ def plan_job(config: JobConfig, environ: Mapping[str, str], site: Site | None = 
             counts = [n if here[h.name] else 1 for n, h in zip(counts, hosts, strict=True)]
     return plan_ranks(
         hosts,
-        placement.np,
+        np,
         map_by=placement.map_by,
         oversubscribe=placement.oversubscribe,
         nproc_per_node=counts,
     )
+
+
+def healthy_hosts(hosts: Sequence[Host], excluded: Collection[str]) -> list[Host]:
+    """The hosts less those that failed in an earlier attempt."""
+    left = [h for h in hosts if h.name not in excluded]
+    if not left:
+        raise PlanError(
+            f"no host left: {', '.join(sorted(excluded))} failed",
+            "check the hosts (dtrain check), or let them back with --blacklist-cooldown",
+        )
+    return left
 
 
 def plan_parameter_servers(config: JobConfig) -> Plan:

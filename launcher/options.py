@@ -193,6 +193,29 @@ restart_options = stacked(
         metavar="SECONDS",
     ),
     option(
+        "--min-np",
+        "A restart may run fewer ranks (down to N) on the hosts left after failures.",
+        type=click.IntRange(1),
+        metavar="N",
+    ),
+    option(
+        "--max-np",
+        "...and grows back up to N ranks when hosts return (default: -np).",
+        type=click.IntRange(1),
+        metavar="N",
+    ),
+    option(
+        "--host-discovery-script",
+        "Run it before every attempt: it prints the hosts, one host[:slots] per line.",
+        metavar="SCRIPT",
+    ),
+    option(
+        "--blacklist-cooldown blacklist_cooldown_s",
+        "A failed host may come back after this long (default: never, in this job).",
+        type=click.FloatRange(0),
+        metavar="SECONDS",
+    ),
+    option(
         "--checkpoint-dir",
         "DTRAIN_CHECKPOINT_DIR of every rank (default: checkpoints/ in the job directory).",
         metavar="DIR",

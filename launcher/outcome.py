@@ -59,6 +59,7 @@ class JobResult:
     stopped: int = 0  # ranks that were still running and had to be stopped
     sigkilled: int = 0  # ...of which had to be SIGKILLed
     kill_cause: str | None = None  # "after the 5 s grace", "at the second signal"
+    failed_hosts: frozenset[str] = frozenset()  # lost, or every rank of it killed unasked
 
 
 class OutputSink(Protocol):

@@ -253,6 +253,26 @@ def bind_ps_gpus(
     return Plan(tuple(result))
 
 
+def elastic_np(
+    hosts: Sequence[Host], np: int | None, min_np: int | None, max_np: int | None
+) -> int:
+    """How many ranks an elastic job runs on these (healthy) hosts: as many as it wants (-np,
+    else --max-np, else every slot) as fit in the slots, and never fewer than --min-np (without
+    it: -np, when given)."""
+    slots = sum(h.slots for h in hosts)
+    wanted = np or max_np or slots
+    if max_np is not None:
+        wanted = min(wanted, max_np)
+    floor = min_np if min_np is not None else np or 1
+    if min(wanted, slots) < floor:
+        raise PlanError(
+            f"{slots} slot(s) on the hosts left ({', '.join(f'{h.name}:{h.slots}' for h in hosts)})"
+            f": fewer than the {floor} ranks the job needs",
+            "add hosts, or allow a smaller job with --min-np",
+        )
+    return min(wanted, slots)
+
+
 def per_node_counts(
     hosts: Sequence[Host],
     per_node: PerNode,

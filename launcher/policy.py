@@ -23,7 +23,7 @@ Parameter-server jobs (``roles`` set) follow the task roles instead:
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 
@@ -183,6 +183,41 @@ def decide_by_role(state: JobState, event: RankExited) -> tuple[JobState, Action
 
 
 # -- whole-job restarts (--max-restarts) ------------------------------------
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank ended, as the failed-host rule needs it."""
+
+    host: str
+    status: int | None  # None: never reported
+    lost: bool  # its host's connection or agent was lost
+    stopped: bool  # dtrain signalled it (the job was stopping)
+
+
+def hosts_left_out(
+    failed: Mapping[str, float], now: float, cooldown_s: float | None
+) -> frozenset[str]:
+    """The failed hosts (host -> when it failed) still left out at ``now``: all of them, or
+    with ``--blacklist-cooldown`` those that failed less than that long ago."""
+    return frozenset(
+        host for host, when in failed.items() if cooldown_s is None or now - when < cooldown_s
+    )
+
+
+def failed_hosts(ends: Sequence[RankEnd]) -> frozenset[str]:
+    """Hosts to leave out of later attempts: lost ones, and those all of whose ranks died by
+    a signal that dtrain did not send (the OOM killer, a reboot: the machine, not the
+    program)."""
+    by_host: dict[str, list[RankEnd]] = {}
+    for end in ends:
+        by_host.setdefault(end.host, []).append(end)
+    return frozenset(
+        host
+        for host, ranks in by_host.items()
+        if any(r.lost for r in ranks)
+        or all(r.status is not None and r.status < 0 and not r.stopped for r in ranks)
+    )
 
 
 @dataclass(frozen=True)

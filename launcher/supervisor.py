@@ -33,10 +33,12 @@ from launcher.policy import (
     Interrupted,
     JobState,
     KillAll,
+    RankEnd,
     RankExited,
     Restart,
     StopAll,
     decide,
+    failed_hosts,
     start_state,
 )
 from launcher.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
@@ -134,6 +136,17 @@ class Supervisor:
             stopped=len(self.stopped),
             sigkilled=len(self.sigkilled),
             kill_cause=self.kill_cause,
+            failed_hosts=failed_hosts(
+                [
+                    RankEnd(
+                        r.spec.host.name,
+                        r.status,
+                        r.process.cause is not None,
+                        rank in self.stopped,
+                    )
+                    for rank, r in self.runs.items()
+                ]
+            ),
         )
 
     def on_signal(self, signum: int) -> None:

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,29 @@ def read_hosts(
             found = parse_host_list(",".join(host_lists), source="-H")
         return found
     return [Host("localhost", slots=default_slots or 1)]
+
+
+DISCOVERY_TIMEOUT_S = 30.0
+
+
+def discover_hosts(script: str) -> list[Host]:
+    """Run ``--host-discovery-script`` (horovodrun's): one ``host[:slots]`` per line."""
+    try:
+        done = subprocess.run(
+            [script], capture_output=True, text=True, timeout=DISCOVERY_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(
+            f"--host-discovery-script {script}: cannot run it ({exc})",
+            "give an executable that prints one host[:slots] per line",
+        ) from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(
+            f"--host-discovery-script {script}: exit code {done.returncode} ({last})",
+            "the script must exit 0 and print one host[:slots] per line",
+        )
+    return parse_hostfile(done.stdout, source=script)
 
 
 def hostfile_shorthand(host_lists: Sequence[str]) -> str | None:

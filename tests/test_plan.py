@@ -13,6 +13,7 @@ from launcher.plan import (
     bind_cpus,
     bind_gpus,
     bind_ps_gpus,
+    elastic_np,
     per_node_counts,
     plan_ps,
     plan_ranks,
@@ -321,3 +322,30 @@ def test_cpu_binding(ranks: int, bind_to: BindTo, expected: list[object]) -> Non
 def test_cpu_binding_leaves_hosts_of_unknown_cpus_alone() -> None:
     plan = bind_cpus(plan_ranks([Host("a", 1), Host("b", 1)]), TWO_SOCKETS, "core")
     assert [r.cpus for r in plan.ranks] == [tuple(range(8)), None]
+
+
+@pytest.mark.parametrize(
+    ("slots", "np", "min_np", "max_np", "expected"),
+    [
+        ([4, 4], None, None, None, 8),
+        ([4], 8, 4, None, 4),  # shrunk to what fits, not below --min-np
+        ([4, 4], 6, 4, None, 6),
+        ([4, 4, 4], None, 4, 8, 8),  # grows back up to --max-np
+        ([2, 4], None, 4, 8, 6),
+        ([4], None, None, 8, 4),
+    ],
+)
+def test_elastic_world_size(
+    slots: list[int], np: int | None, min_np: int | None, max_np: int | None, expected: int
+) -> None:
+    hosts = [Host(f"h{i}", n) for i, n in enumerate(slots)]
+    assert elastic_np(hosts, np, min_np, max_np) == expected
+
+
+def test_elastic_world_size_below_the_minimum() -> None:
+    with pytest.raises(
+        PlanError, match=r"2 slot\(s\) on the hosts left \(h0:2\): fewer than the 4"
+    ):
+        elastic_np([Host("h0", 2)], 8, 4, None)
+    with pytest.raises(PlanError, match="fewer than the 8 ranks"):
+        elastic_np([Host("h0", 4)], 8, None, None)  # no --min-np: the whole job or nothing

@@ -17,6 +17,7 @@ from launcher.policy import (
     Interrupted,
     JobState,
     KillAll,
+    RankEnd,
     RankExited,
     Restart,
     RestartAfter,
@@ -25,6 +26,8 @@ from launcher.policy import (
     decide_restart,
     describe_status,
     exit_code_of,
+    failed_hosts,
+    hosts_left_out,
     start_state,
 )
 
@@ -170,3 +173,29 @@ def test_restart_decisions(
     expected: RestartAfter | None,
 ) -> None:
     assert decide_restart(end, attempt, max_restarts, delay) == expected
+
+
+def end(host: str, status: int | None, lost: bool = False, stopped: bool = False) -> RankEnd:
+    return RankEnd(host, status, lost, stopped)
+
+
+@pytest.mark.parametrize(
+    ("ends", "expected"),
+    [
+        ([end("a", 1), end("a", -15, stopped=True), end("b", -15, stopped=True)], set()),
+        ([end("a", 0), end("b", 255, lost=True), end("b", 255, lost=True)], {"b"}),
+        ([end("a", -15, stopped=True), end("b", -9), end("b", -9)], {"b"}),  # OOM killer
+        ([end("a", -15, stopped=True), end("b", -9), end("b", -15, stopped=True)], set()),
+        ([end("a", -11)], {"a"}),  # its only rank: the rule cannot tell a crash from a machine
+        ([end("a", None), end("a", -9)], set()),  # one never reported: not known to be dead
+    ],
+)
+def test_failed_hosts(ends: list[RankEnd], expected: set[str]) -> None:
+    assert failed_hosts(ends) == expected
+
+
+def test_failed_hosts_come_back_after_the_cooldown() -> None:
+    failed = {"a": 100.0, "b": 150.0}
+    assert hosts_left_out(failed, 160.0, None) == {"a", "b"}
+    assert hosts_left_out(failed, 160.0, 30.0) == {"b"}
+    assert hosts_left_out(failed, 200.0, 30.0) == set()
