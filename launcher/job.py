@@ -28,7 +28,7 @@ from launcher.clock import Clock
 from launcher.command import LaunchSpec, describe_specs
 from launcher.config import JobConfig, validate_config
 from launcher.env import resolve_env_args
-from launcher.errors import PlanError
+from launcher.errors import LauncherError, PlanError
 from launcher.hosts import Host, parse_host_list
 from launcher.jobs import (
     STOP_MARK,
@@ -171,10 +171,19 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
     ports, once nothing of the failed attempt runs anywhere (the supervisor saw to that)."""
     config, ports = attempt.config, set[int]()
     failed: dict[str, float] = {}  # host -> when it failed
+    last: JobOutcome | None = None
     while True:
-        outcome = attempt.run()
+        try:
+            outcome = attempt.run()
+        except LauncherError as exc:
+            if last is None:
+                raise
+            # The job ends as its last attempt did: that is the failure to report.
+            attempt.frontend.notice(f"dtrain: cannot restart: {exc}")
+            return last
         if not isinstance(outcome, Finished):
             return outcome
+        last = outcome
         result = outcome.result
         ports.update([outcome.master_port] if outcome.master_port else [])
         failed.update({host: time.monotonic() for host in outcome.failed_hosts})

@@ -1,0 +1,219 @@
+"""Whole-job restarts for real (--max-restarts): processes, the SSH test hosts, the checkpoint
+example.  Every rank of a restart first looks for processes of earlier attempts (by their
+DTRAIN_RESTART_COUNT) and says how many it saw: a restart may start only once nothing of the
+failed attempt runs, leftovers that ignore SIGTERM included."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, child_env, run_dtrain, start_dtrain, wait_for_pids, wait_until_gone
+from tests.testhosts import TestHosts
+
+pytestmark = pytest.mark.timeout(240)
+
+# Looks for earlier attempts' processes, then (in attempt 0) leaves a child that ignores
+# SIGTERM behind and fails as FAIL says: "exit" (code 3) or "kill" (SIGKILL) on rank 1.
+RANK = r"""
+import os, signal, subprocess, sys, time
+attempt, rank = int(os.environ["DTRAIN_RESTART_COUNT"]), os.environ["RANK"]
+mark = "DTRAIN_TEST_MARK=" + os.environ["DTRAIN_TEST_MARK"]
+earlier = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        env = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace").split("\0")
+    except OSError:
+        continue
+    counts = [int(v.split("=")[1]) for v in env if v.startswith("DTRAIN_RESTART_COUNT=")]
+    if mark in env and counts and counts[0] < attempt:
+        earlier += 1
+print(f"attempt {attempt} rank {rank} of {os.environ['WORLD_SIZE']} on "
+      f"{os.uname().nodename}: earlier processes alive {earlier}", flush=True)
+if attempt < int(os.environ.get("FAIL_ATTEMPTS", "1")) and rank == "1":
+    subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"])
+    time.sleep(0.5)
+    if os.environ["FAIL"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(3)
+time.sleep(float(os.environ.get("RUN_S", "1")))
+"""
+
+
+def attempts_seen(stdout: str) -> list[tuple[int, str, str, str, int]]:
+    """(attempt, rank, world size, host, earlier processes alive) per line of RANK."""
+    return [
+        (int(m[1]), m[2], m[3], m[4], int(m[5]))
+        for m in re.finditer(
+            r"attempt (\d+) rank (\d+) of (\d+) on (\S+): earlier processes alive (\d+)", stdout
+        )
+    ]
+
+
+def rank_args(mark: str, fail: str = "exit", attempts: int = 1) -> list[str]:
+    return [
+        "-x", f"DTRAIN_TEST_MARK={mark}", "-x", f"FAIL={fail}", "-x", f"FAIL_ATTEMPTS={attempts}",
+        sys.executable, "-c", RANK,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fail", "code"), [("exit", "exit code 3"), ("kill", "killed by SIGKILL")])
+def test_a_failed_rank_restarts_the_whole_job(mark: str, fail: str, code: str) -> None:
+    result = run_dtrain(
+        "run", "-np", "3", "--max-restarts", "2", "--restart-delay", "0", "--grace", "1",
+        *rank_args(mark, fail),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = attempts_seen(result.stdout)
+    assert sorted(seen) == [
+        (a, str(r), "3", os.uname().nodename, 0) for a in (0, 1) for r in range(3)
+    ]
+    assert f"dtrain: attempt 0 failed (rank 1 on localhost {code}); restart 1 of 2 in 0 s" in (
+        result.stderr
+    )
+    assert wait_until_gone(mark) == []
+
+
+def test_the_budget_spent_ends_with_the_last_attempts_code(mark: str) -> None:
+    result = run_dtrain(
+        "run", "-np", "2", "--max-restarts", "2", "--restart-delay", "0.1", "--grace", "0.5",
+        *rank_args(mark, attempts=99),
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert [a for a, *_ in attempts_seen(result.stdout) if _[0] == "1"] == [0, 1, 2]
+    assert "restart 1 of 2" in result.stderr and "restart 2 of 2" in result.stderr
+    assert "restart 3" not in result.stderr
+    assert "rank 1 on localhost failed (exit code 3)" in result.stderr
+    assert wait_until_gone(mark) == []
+
+
+def test_backoff_between_attempts_without_a_delay(mark: str) -> None:
+    result = run_dtrain("run", "-np", "2", "--max-restarts", "1", *rank_args(mark))
+    assert result.returncode == 0, result.stderr
+    assert "restart 1 of 1 in 1 s" in result.stderr  # the first step of the backoff
+
+
+def test_ctrl_c_never_restarts(mark: str) -> None:
+    env = {**child_env(), "RUN_S": "60"}
+    proc = start_dtrain(
+        "run", "-np", "2", "--max-restarts", "3", "--restart-delay", "0",
+        *rank_args(mark, attempts=0), env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    started = [proc.stdout.readline() for _ in range(2)]  # both ranks run
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "restart" not in err
+    assert [a for a, *_ in attempts_seen("".join(started) + out)] == [0, 0]
+    assert wait_until_gone(mark) == []
+
+
+def test_ctrl_c_while_waiting_to_restart_ends_the_job(mark: str) -> None:
+    proc = start_dtrain(
+        "run", "-np", "2", "--max-restarts", "3", "--restart-delay", "30", *rank_args(mark)
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    while "restart 1 of 3" not in (line := proc.stderr.readline()):
+        assert line and time.monotonic() < deadline, "no restart announced"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 3  # the attempt that ran: its failure
+    assert [a for a, *_ in attempts_seen(out)] == [0, 0]
+
+
+def test_a_discovery_script_changes_the_hosts_between_attempts(tmp_path: Path, mark: str) -> None:
+    script = tmp_path / "discover.sh"
+    calls = tmp_path / "calls"
+    script.write_text(
+        f"#!/bin/sh\necho x >> {calls}\n"
+        f'if [ "$(wc -l < {calls})" -eq 1 ]; then echo localhost:3; else echo localhost:2; fi\n'
+    )
+    script.chmod(0o755)
+    result = run_dtrain(
+        "run", "--host-discovery-script", str(script), "--max-restarts", "1",
+        "--restart-delay", "0", "--grace", "0.5", *rank_args(mark),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    sizes = {(a, size) for a, _, size, _, _ in attempts_seen(result.stdout)}
+    assert sizes == {(0, "3"), (1, "2")}  # the world shrank with the hosts the script gave
+
+
+@pytest.mark.slow
+def test_the_checkpoint_example_resumes_with_the_same_accuracy(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    example = str(REPO / "examples" / "torch_ddp_checkpoint.py")
+    common = ["run", "-np", "2", "--max-restarts", "2", "--restart-delay", "0"]
+    clean = run_dtrain(*common, "--checkpoint-dir", str(tmp_path / "a"), example, timeout=200)
+    crashed = run_dtrain(
+        *common, "--checkpoint-dir", str(tmp_path / "b"), example, "--crash-at-step", "70",
+        timeout=200,
+    )  # fmt: skip
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    assert crashed.returncode == 0, crashed.stderr[-2000:]
+    assert "attempt 1: resuming from step 60 (step-000060.pt)" in crashed.stdout
+    assert "restart 1 of 2" in crashed.stderr and "restart" not in clean.stderr
+    accuracy = [
+        float(re.findall(r"test accuracy: ([\d.]+)", r.stdout)[0]) for r in (clean, crashed)
+    ]
+    assert accuracy[0] >= 0.9
+    assert abs(accuracy[0] - accuracy[1]) <= 0.01, accuracy  # the README's tolerance
+
+
+@pytest.mark.sshhosts
+@pytest.mark.parametrize("min_np", [None, "2"])
+def test_a_lost_host_is_left_out(ssh_hosts: TestHosts, mark: str, min_np: str | None) -> None:
+    from tests.test_failures import kill_host
+
+    elastic = ["--min-np", min_np] if min_np else []
+    env = {**child_env(), "RUN_S": "60"}
+    proc = start_dtrain(
+        "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2,node3", "-np", "3",
+        "--max-restarts", "1", "--restart-delay", "0", "--host-timeout", "5", *elastic,
+        *rank_args(mark, attempts=0), env={**env, "RUN_S": "8"},
+    )  # fmt: skip
+    try:
+        wait_for_pids(mark, 3)
+        kill_host(proc, ssh_hosts, mark)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        ssh_hosts.stop()  # node2 was killed: the next test gets fresh hosts
+    assert "dtrain: leaving out node2 (failed)" in err, err
+    if min_np:
+        assert proc.returncode == 0, err
+        second = sorted((r, size, host) for a, r, size, host, _ in attempts_seen(out) if a == 1)
+        assert second == [("0", "2", "node1"), ("1", "2", "node3")]
+    else:
+        assert proc.returncode != 0
+        assert "dtrain: cannot restart: -np 3 is more than the 2 slots of node1:1, node3:1" in err
+    assert wait_until_gone(mark) == []
+
+
+@pytest.mark.slow
+def test_a_failed_ps_task_restarts_the_parameter_server_job(tmp_path: Path, mark: str) -> None:
+    (tmp_path / "task.py").write_text(
+        "import os, sys, time\n"
+        "role, attempt = os.environ['DTRAIN_ROLE'], os.environ['DTRAIN_RESTART_COUNT']\n"
+        "print(role, 'attempt', attempt, flush=True)\n"
+        "if role == 'ps' and attempt == '0':\n"
+        "    time.sleep(0.5); sys.exit(1)\n"
+        "if role == 'chief':\n"
+        "    time.sleep(3); sys.exit(0)\n"
+        "time.sleep(60)\n"
+    )
+    result = run_dtrain(
+        "ps", "--workers", "2", "--ps", "1", "--max-restarts", "1", "--restart-delay", "0",
+        "--grace", "1", "-x", f"DTRAIN_TEST_MARK={mark}", "task.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "attempt 0 failed (rank 3 on localhost exit code 1); restart 1 of 1" in result.stderr
+    assert "[chief] chief attempt 1" in result.stdout
+    assert wait_until_gone(mark) == []
