@@ -205,7 +205,11 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
             return outcome  # a signal while waiting: no restart
         excluded = hosts_left_out(failed, time.monotonic(), cooldown)
         attempt = replace(
-            attempt, number=after.attempt, avoid_ports=frozenset(ports), excluded=excluded
+            attempt,
+            number=after.attempt,
+            avoid_ports=frozenset(ports),
+            excluded=excluded,
+            world_size=None if config.placement.elastic else result.world_size,
         )
 
 
@@ -247,11 +251,18 @@ class Attempt:
     number: int = 0  # 0: the first attempt; n: the n-th restart
     avoid_ports: frozenset[int] = frozenset()  # rendezvous ports of the attempts before
     excluded: frozenset[str] = frozenset()  # hosts that failed in the attempts before
+    world_size: int | None = None  # a restart's size when it may not change (not elastic)
 
     def run(self) -> JobOutcome:
         config = self.config
         plan = plan_job(config, self.environ, excluded=self.excluded)
         LOG.debug("job %s: plan %s", self.job_id, describe_plan(plan))
+        if self.world_size is not None and plan.world_size != self.world_size:
+            raise PlanError(
+                f"{plan.world_size} rank(s) fit on the hosts left "
+                f"({', '.join(h.name for h in plan.hosts)}), not {self.world_size}",
+                "allow a smaller job with --min-np",
+            )
         surveyed = self.survey(plan, config, self.environ, self.workdir)
         try:
             if surveyed.site.remote_hosts and isinstance(config.placement.nproc_per_node, str):

@@ -206,9 +206,10 @@ def hosts_left_out(
 
 
 def failed_hosts(ends: Sequence[RankEnd]) -> frozenset[str]:
-    """Hosts to leave out of later attempts: lost ones, and those all of whose ranks died by
-    a signal that dtrain did not send (the OOM killer, a reboot: the machine, not the
-    program)."""
+    """Hosts to leave out of later attempts: lost ones, and those all of whose ranks (two or
+    more) died by a signal that dtrain did not send, which points at the machine (the OOM
+    killer, a GPU fault) rather than the program.  A host's only rank dying tells nothing
+    of the machine: it is not left out for that."""
     by_host: dict[str, list[RankEnd]] = {}
     for end in ends:
         by_host.setdefault(end.host, []).append(end)
@@ -216,7 +217,10 @@ def failed_hosts(ends: Sequence[RankEnd]) -> frozenset[str]:
         host
         for host, ranks in by_host.items()
         if any(r.lost for r in ranks)
-        or all(r.status is not None and r.status < 0 and not r.stopped for r in ranks)
+        or (
+            len(ranks) > 1
+            and all(r.status is not None and r.status < 0 and not r.stopped for r in ranks)
+        )
     )
 
 

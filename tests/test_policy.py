@@ -186,7 +186,7 @@ def end(host: str, status: int | None, lost: bool = False, stopped: bool = False
         ([end("a", 0), end("b", 255, lost=True), end("b", 255, lost=True)], {"b"}),
         ([end("a", -15, stopped=True), end("b", -9), end("b", -9)], {"b"}),  # OOM killer
         ([end("a", -15, stopped=True), end("b", -9), end("b", -15, stopped=True)], set()),
-        ([end("a", -11)], {"a"}),  # its only rank: the rule cannot tell a crash from a machine
+        ([end("a", -11)], set()),  # its only rank: a crash of the program, not the machine's
         ([end("a", None), end("a", -9)], set()),  # one never reported: not known to be dead
     ],
 )

@@ -217,3 +217,17 @@ def test_a_failed_ps_task_restarts_the_parameter_server_job(tmp_path: Path, mark
     assert "attempt 0 failed (rank 3 on localhost exit code 1); restart 1 of 1" in result.stderr
     assert "[chief] chief attempt 1" in result.stdout
     assert wait_until_gone(mark) == []
+
+
+@pytest.mark.sshhosts
+def test_a_remote_rank_restarts_once_its_leftovers_are_gone(
+    ssh_hosts: TestHosts, mark: str
+) -> None:
+    result = run_dtrain(
+        "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2", "--max-restarts",
+        "1", "--restart-delay", "0", "--grace", "1", *rank_args(mark, "kill"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = sorted(attempts_seen(result.stdout))
+    assert seen == [(a, str(r), "2", f"node{r + 1}", 0) for a in (0, 1) for r in range(2)]
+    assert "rank 1 on node2 killed by SIGKILL" in result.stderr
