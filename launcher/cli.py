@@ -307,6 +307,12 @@ JOB_DIR_OPTION = click.option(
 @click.option("--role", metavar="ROLE", help="Only ranks of this role (worker, ps, chief...).")
 @click.option("--since", metavar="DURATION", help="Only lines of the last 30s, 10m, 2h, 1d.")
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching REGEX.")
+@click.option(
+    "--attempt",
+    type=click.IntRange(0),
+    metavar="K",
+    help="Only attempt K of a job that restarted (0: the first).",
+)
 @JOB_DIR_OPTION
 def logs(
     job: str | None,
@@ -315,6 +321,7 @@ def logs(
     role: str | None,
     since: str | None,
     pattern: str | None,
+    attempt: int | None,
     job_dir: str | None,
 ) -> int:
     """Show a job's logs (default: the latest job; with -f the running one), merged by time,
@@ -334,6 +341,7 @@ def logs(
         role=role,
         since_s=parse_duration(since) if since else None,
         pattern=pattern,
+        attempt=attempt,
     )
     root = jobs_root(job_dir, os.environ)
     running = running_jobs(root) if follow and job is None else []

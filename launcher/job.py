@@ -34,10 +34,12 @@ from launcher.jobs import (
     STOP_MARK,
     JobDir,
     JobRecorder,
+    end_record,
     jobs_root,
     new_job_id,
     open_private,
     prepare_output_dir,
+    record_attempt,
     write_json,
 )
 from launcher.mpi import MpiOutput, mpi_failure, mpi_launch, names_mpi4py, rank_specs
@@ -180,6 +182,7 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
                 raise
             # The job ends as its last attempt did: that is the failure to report.
             attempt.frontend.notice(f"dtrain: cannot restart: {exc}")
+            attempt.record_end(last)
             return last
         if not isinstance(outcome, Finished):
             return outcome
@@ -187,11 +190,7 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
         result = outcome.result
         ports.update([outcome.master_port] if outcome.master_port else [])
         failed.update({host: time.monotonic() for host in outcome.failed_hosts})
-        end = AttemptEnd(
-            result.exit_code,
-            interrupted=result.interrupt is not None,
-            failed_rank=result.failure.rank if result.failure else None,
-        )
+        end = attempt_end(result)
         after = decide_restart(end, attempt.number, config.max_restarts, config.restart_delay_s)
         if after is None:
             return outcome
@@ -202,6 +201,7 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
             hosts = ", ".join(sorted(outcome.failed_hosts))
             attempt.frontend.notice(f"dtrain: leaving out {hosts} (failed{back})")
         if not pause(after.delay_s):
+            attempt.record_end(outcome)
             return outcome  # a signal while waiting: no restart
         excluded = hosts_left_out(failed, time.monotonic(), cooldown)
         attempt = replace(
@@ -211,6 +211,36 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
             excluded=excluded,
             world_size=None if config.placement.elastic else result.world_size,
         )
+
+
+def attempt_end(result: JobResult) -> AttemptEnd:
+    return AttemptEnd(
+        result.exit_code,
+        interrupted=result.interrupt is not None,
+        failed_rank=result.failure.rank if result.failure else None,
+    )
+
+
+def attempt_record(result: JobResult) -> dict[str, object]:
+    """How an attempt ended, for attempts.json."""
+    failure = result.failure
+    return {
+        "ended": time.time(),
+        "exit_code": result.exit_code,
+        "failure": None
+        if failure is None
+        else {
+            "rank": failure.rank,
+            "host": failure.host,
+            "status": failure.status,
+            "cause": failure.cause,
+        },
+        "failed_hosts": sorted(result.failed_hosts),
+    }
+
+
+def host_names(plan: Plan) -> list[str]:
+    return [h.name for h in plan.hosts]
 
 
 def restart_notice(result: JobResult, after: RestartAfter, max_restarts: int) -> str:
@@ -329,6 +359,12 @@ class Attempt:
         recorder = JobRecorder(job)
         recorder.write_plan(describe_specs(specs, hidden=self.extra.keys()))
         recorder.write_status("running", None)
+        if config.max_restarts:
+            record_attempt(
+                job,
+                self.number,
+                {"started": time.time(), "world_size": plan.world_size, "hosts": host_names(plan)},
+            )
         if config.standing_cluster:
             self.announce_cluster(job, specs)
         view, showing = self.frontend.open_view(self.job_id, plan)
@@ -368,7 +404,10 @@ class Attempt:
         finally:
             # The record first: a terminal that does not read must not leave it "running".
             if result is not None:
-                recorder.finish(result, stopped=(job.path / STOP_MARK).exists())
+                stopped = (job.path / STOP_MARK).exists()
+                recorder.finish(result, stopped, restarting=self.restarts_after(result))
+                if config.max_restarts:
+                    record_attempt(job, self.number, attempt_record(result))
             self.finish_view(output, showing, interrupted=supervisor.stop_requested)
         if view_outlet.failed:
             self.frontend.notice(
@@ -376,6 +415,20 @@ class Attempt:
                 f"went on without it: dtrain logs {self.job_id} shows every line"
             )
         return result
+
+    def record_end(self, outcome: JobOutcome) -> None:
+        """The job ends with this attempt after all (a restart that could not be): its state
+        in the job directory goes from restarting to how the attempt ended."""
+        if isinstance(outcome, Finished):
+            job = JobDir(jobs_root(self.config.job_dir, self.environ) / self.job_id)
+            end_record(job, outcome.result.exit_code)
+
+    def restarts_after(self, result: JobResult) -> bool:
+        """Will the job start again after this result (--max-restarts)?"""
+        config = self.config
+        return (
+            decide_restart(attempt_end(result), self.number, config.max_restarts, 0.0) is not None
+        )
 
     def finish_view(
         self, output: Fanout, showing: AbstractContextManager[Any], interrupted: bool

@@ -5,6 +5,8 @@ A job lives in ``<root>/<id>/`` (root ``~/.dtrain/jobs`` unless ``--job-dir``):
 * ``meta.json``   what was run, where, by which launcher (pid)
 * ``plan.json``   the ranks as ``--dry-run --json`` shows them
 * ``status.json`` the job state and every rank's host, pid, start, end, status
+* ``attempts.json`` with ``--max-restarts``: each attempt's start, end, exit code and
+                  failure (the rank logs go on across attempts; times tell them apart)
 * ``rank.N.log``  rank N's output, one line per line:
                   ``<unix time> <o|e> <text>`` (o: stdout, e: stderr)
 
@@ -38,6 +40,7 @@ STOP_MARK = "stop-requested"  # dtrain stop leaves it: the job ends as "stopped"
 ID_TIME_CHARS = len("20261122-035012")  # the part of a job id that is its start time
 STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 RUNNING = "running"
+ACTIVE = (RUNNING, "starting", "restarting")  # a launcher is at work on the job
 
 
 def new_job_id(clock: Callable[[], float] = time.time) -> str:
@@ -129,7 +132,7 @@ class JobDir:
         here = status.get("launcher_host", socket.gethostname()) == socket.gethostname()
         alive = self.launcher_alive(status)
         # A launcher on another machine (a shared job directory) cannot be checked from here.
-        if state in (RUNNING, "starting") and here and not alive:
+        if state in ACTIVE and here and not alive:
             return "lost"  # the launcher died without recording an end
         return state
 
@@ -200,7 +203,7 @@ def list_jobs(root: Path) -> list[JobDir]:
 
 def running_jobs(root: Path) -> list[JobDir]:
     """The jobs whose launcher runs (or starts), oldest first."""
-    return [job for job in list_jobs(root) if job.state() in (RUNNING, "starting")]
+    return [job for job in list_jobs(root) if job.state() in ACTIVE]
 
 
 def find_job(root: Path, wanted: str | None) -> JobDir:
@@ -292,9 +295,11 @@ class JobRecorder:
         except OSError:
             pass  # as in finish
 
-    def finish(self, result: JobResult, stopped: bool) -> None:
+    def finish(self, result: JobResult, stopped: bool, restarting: bool = False) -> None:
         self.close_files()
-        if result.exit_code == 0:
+        if restarting:  # another attempt follows: the job is not over
+            state = "restarting"
+        elif result.exit_code == 0:
             state = "succeeded"
         elif stopped:
             state = "stopped"
@@ -381,6 +386,46 @@ class LogQuery:
     role: str | None = None
     since_s: float | None = None
     pattern: str | None = None
+    attempt: int | None = None  # only this attempt's lines (--max-restarts)
+
+
+def end_record(job: JobDir, exit_code: int) -> None:
+    """A job recorded as restarting ends after all, failed with ``exit_code``."""
+    status = job.status()
+    status.update(state="failed" if exit_code else "succeeded", exit_code=exit_code)
+    try:
+        write_json(job.path / "status.json", status)
+    except OSError:
+        pass  # a full disk: the launcher's exit code still says it
+
+
+def record_attempt(job: JobDir, number: int, values: Mapping[str, object]) -> None:
+    """Add to (or start) attempt ``number``'s entry in attempts.json."""
+    entries = attempts_of(job)
+    while len(entries) <= number:
+        entries.append({"attempt": len(entries)})
+    entries[number].update(values)
+    write_json(job.path / "attempts.json", entries)
+
+
+def attempts_of(job: JobDir) -> list[dict[str, Any]]:
+    found = read_json(job.path / "attempts.json")
+    return found if isinstance(found, list) else []
+
+
+def attempt_window(job: JobDir, number: int) -> tuple[float, float]:
+    """When attempt ``number`` ran: from its start to the next one's (or forever)."""
+    entries = attempts_of(job)
+    if not entries and number == 0:
+        return (0.0, float("inf"))  # a job without restarts is its attempt 0
+    if not 0 <= number < len(entries):
+        raise UsageError(
+            f"--attempt {number}: job {job.id} has attempts 0 to {max(len(entries) - 1, 0)}",
+            "see dtrain logs without --attempt",
+        )
+    start = float(entries[number].get("started", 0.0))
+    later = entries[number + 1].get("started") if number + 1 < len(entries) else None
+    return (start, float(later) if later is not None else float("inf"))
 
 
 def select_lines(
@@ -404,11 +449,14 @@ def select_lines(
             f"--grep {query.pattern!r}: {exc}", "give a Python regular expression"
         ) from None
     cutoff = clock() - query.since_s if query.since_s is not None else None
+    window = attempt_window(job, query.attempt) if query.attempt is not None else None
     reader = LogReader(job, wanted)
     while True:
-        running = job.state() == RUNNING
+        running = job.state() in ACTIVE
         for line in reader.read_new():
             if cutoff is not None and line.time < cutoff:
+                continue
+            if window is not None and not window[0] <= line.time < window[1]:
                 continue
             if matcher is None or matcher.search(line.text):
                 yield line

@@ -5,6 +5,7 @@ failed attempt runs, leftovers that ignore SIGTERM included."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -14,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, child_env, run_dtrain, start_dtrain, wait_for_pids, wait_until_gone
+from tests.conftest import (
+    JOBS,
+    REPO,
+    child_env,
+    run_dtrain,
+    start_dtrain,
+    wait_for_pids,
+    wait_until_gone,
+)
 from tests.testhosts import TestHosts
 
 pytestmark = pytest.mark.timeout(240)
@@ -231,3 +240,23 @@ def test_a_remote_rank_restarts_once_its_leftovers_are_gone(
     seen = sorted(attempts_seen(result.stdout))
     assert seen == [(a, str(r), "2", f"node{r + 1}", 0) for a in (0, 1) for r in range(2)]
     assert "rank 1 on node2 killed by SIGKILL" in result.stderr
+
+
+def test_each_attempt_is_recorded_and_its_logs_selectable(mark: str) -> None:
+    result = run_dtrain(
+        "run", "-np", "2", "--max-restarts", "2", "--restart-delay", "0", "--grace", "0.5",
+        *rank_args(mark, attempts=99),
+    )  # fmt: skip
+    assert result.returncode == 3
+    job = result.stderr.split("dtrain: job ", 1)[1].split()[0]
+    status = json.loads((JOBS / job / "status.json").read_text())
+    assert (status["state"], status["exit_code"]) == ("failed", 3)  # not "restarting"
+    attempts = json.loads((JOBS / job / "attempts.json").read_text())
+    assert [(a["attempt"], a["exit_code"], a["failure"]["rank"]) for a in attempts] == [
+        (0, 3, 1), (1, 3, 1), (2, 3, 1),
+    ]  # fmt: skip
+    for number in range(3):
+        logs = run_dtrain("logs", job, "--attempt", str(number))
+        assert [a for a, *_ in attempts_seen(logs.stdout)] == [number, number], logs.stdout
+    missing = run_dtrain("logs", job, "--attempt", "3")
+    assert missing.returncode == 2 and "has attempts 0 to 2" in missing.stderr
