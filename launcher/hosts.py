@@ -8,6 +8,7 @@ Formats accepted (see hostfiles/ for commented examples):
 * ``max_slots`` alone sets the slots to it (``a max_slots=4`` is 4 slots, as in Open MPI)
 * ``user@host``, IPv6 addresses in brackets (``[fe80::1]:4``)
 * an optional ``gpus=0,1,2,3`` per host
+* Slurm's host ranges: ``node[01-04,07]:8``, ``rack[1-2]-node[1-4] slots=4``
 
 Both parsers share one entry parser (``_parse_entry``) and one merge step
 (``_merge_entries``); they differ only in how they cut their input into entries
@@ -21,6 +22,7 @@ import re
 from dataclasses import dataclass, replace
 
 from launcher.errors import HostfileError
+from launcher.hostlist import expand_hostlist, split_top_level
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> list[Host]:
         if content:
             address, *options = content.split()
             where = f"{source}:{number}: {_quote(content)}"
-            entries.append(_parse_entry(address, options, where))
+            entries.extend(_parse_entries(address, options, where))
     if not entries:
         raise HostfileError(
             f"{source}: no hosts",
@@ -90,15 +92,30 @@ def parse_host_list(spec: str, source: str = "-H") -> list[Host]:
     if not spec.strip():
         raise HostfileError(f"{source}: no hosts", "give hosts like 'node1:4,node2:4'")
     entries = []
-    for index, raw_item in enumerate(spec.split(","), start=1):
+    for index, raw_item in enumerate(split_top_level(spec), start=1):
         item = raw_item.strip()
         if not item:
             raise HostfileError(
                 f"{source} {_quote(spec)}: item {index} is empty",
                 "separate hosts with single commas, e.g. 'node1:4,node2:4'",
             )
-        entries.append(_parse_entry(item, [], f"{source} {_quote(item)}"))
+        entries.extend(_parse_entries(item, [], f"{source} {_quote(item)}"))
     return _merge_entries(entries)
+
+
+def _parse_entries(address: str, options: list[str], where: str) -> list[_Entry]:
+    """One item, or one per host of a Slurm range (``node[01-04]:8``: four hosts of 8)."""
+    user, at, rest = address.rpartition("@")
+    if "[" not in rest or rest.startswith("["):  # no range (brackets first: IPv6)
+        return [_parse_entry(address, options, where)]
+    last = rest.rfind("]")
+    names, slots = rest[: last + 1], rest[last + 1 :]
+    if slots and not slots.startswith(":"):
+        names, slots = rest, ""
+    return [
+        _parse_entry(f"{user}{at}{name}{slots}", options, where)
+        for name in expand_hostlist(names, source=where)
+    ]
 
 
 def _parse_entry(address: str, options: list[str], where: str) -> _Entry:

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Install what the SSH test hosts (tests/testhosts.py) need, if missing:
-# OpenSSH server and client, and iproute2 (`ip netns`).  Idempotent.
+# OpenSSH server and client, and iproute2 (`ip netns`); and Slurm (Debian's
+# slurmctld, slurmd, slurm-client, munge) for the Slurm tests.  Idempotent.
 # Debian/Ubuntu; run as root (or with sudo available).
 set -eu
 
@@ -8,10 +9,14 @@ need=""
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need="$need openssh-server"
 command -v ssh >/dev/null 2>&1 && command -v ssh-keygen >/dev/null 2>&1 || need="$need openssh-client"
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need="$need iproute2"
+command -v scontrol >/dev/null 2>&1 || need="$need slurm-client"
+command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need="$need slurmctld"
+command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need="$need slurmd"
+command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need="$need munge"
 # `unshare` (per-host hostnames) comes from util-linux, which is essential on Debian.
 
 if [ -z "$need" ]; then
-    echo "install-test-deps: openssh-server, openssh-client, iproute2 already present"
+    echo "install-test-deps: openssh, iproute2 and slurm already present"
     exit 0
 fi
 

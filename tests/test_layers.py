@@ -11,7 +11,10 @@ LAUNCHER = Path(__file__).resolve().parent.parent / "launcher"
 # Lowest first; a module may import its own layer and those below it.
 LAYERS = [
     ("base", {"errors"}),
-    ("pure", {"config", "hosts", "plan", "env", "command", "policy", "outcome", "specs"}),
+    (
+        "pure",
+        {"config", "hostlist", "hosts", "plan", "env", "command", "policy", "outcome", "specs"},
+    ),
     ("remote", {"remote", "remote.agent", "remote.watchdog", "remote.probe", "remote.tf_server"}),
     ("effects", {"transport", "transport.base", "transport.local", "transport.ssh", "mpi"}),
     ("streams", {"logs", "jobs", "outlets"}),
