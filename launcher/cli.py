@@ -395,6 +395,39 @@ def stop(job: str | None, job_dir: str | None) -> int:
     return 0
 
 
+@cli.command(context_settings=CONTEXT)
+@click.argument("job", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Every rank's py-spy dump as JSON.")
+@JOB_DIR_OPTION
+def stacks(job: str | None, as_json: bool, job_dir: str | None) -> int:
+    """Print the Python stack of every rank of a running job, on every host, grouped: identical
+    stacks once with their ranks, the ranks that differ marked (py-spy takes them).
+
+    Without JOB: the running job (the latest started if several).
+    """
+    import json
+
+    from launcher.control import ask
+    from launcher.jobs import find_job, jobs_root, running_jobs
+    from launcher.stacks import format_stacks, group_stacks
+
+    root = jobs_root(job_dir, os.environ)
+    running = running_jobs(root) if job is None else []
+    found = running[-1] if running else find_job(root, job)
+    if len(running) > 1:
+        click.echo(f"dtrain: job {found.id} (the latest of {len(running)} running)", err=True)
+    reply = ask(found.path, {"op": "stacks"}, timeout_s=60)
+    dumps = {int(rank): (host, dump) for rank, (host, dump) in reply["stacks"].items()}
+    if as_json:
+        click.echo(json.dumps({str(r): {"host": h, **d} for r, (h, d) in sorted(dumps.items())}))
+        return 0
+    world = int(found.meta().get("world_size", len(dumps)))
+    click.echo(f"dtrain: stacks of job {found.id} ({len(dumps)} running of {world} ranks)")
+    for line in format_stacks(group_stacks(dumps), world):
+        click.echo(line)
+    return 0 if dumps and all("threads" in d for _, d in dumps.values()) else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and turn every error into one line and an exit code."""
     try:

@@ -27,6 +27,7 @@ from launcher import remote
 from launcher.clock import Clock
 from launcher.command import LaunchSpec, describe_specs
 from launcher.config import JobConfig, validate_config
+from launcher.control import SOCKET_NAME, ControlServer
 from launcher.env import resolve_env_args
 from launcher.errors import LauncherError, PlanError
 from launcher.hosts import Host, parse_host_list
@@ -213,6 +214,25 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
         )
 
 
+STACKS_TIMEOUT_S = 25.0
+
+
+def open_control(job: JobDir, supervisor: Supervisor) -> ControlServer | None:
+    """Let ``dtrain stacks`` ask this job (a job directory where no socket fits goes without)."""
+
+    def answer(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        if request.get("op") == "stacks":
+            dumps = supervisor.dump_stacks(STACKS_TIMEOUT_S)
+            return {"stacks": {str(rank): [host, dump] for rank, (host, dump) in dumps.items()}}
+        return {"error": f"unknown request {request.get('op')!r}"}
+
+    try:
+        return ControlServer(job.path / SOCKET_NAME, answer)
+    except OSError as exc:  # e.g. a path longer than a Unix socket's 107 bytes
+        LOG.debug("no control socket in %s: %s", job.path, exc)
+        return None
+
+
 def attempt_end(result: JobResult) -> AttemptEnd:
     return AttemptEnd(
         result.exit_code,
@@ -393,6 +413,7 @@ class Attempt:
         )
         showing.__enter__()
         result: JobResult | None = None
+        control = open_control(job, supervisor)
         try:
             result = supervisor.run()
             if mpi_launcher is not None:
@@ -402,6 +423,8 @@ class Attempt:
             output.give_up_views()
             raise
         finally:
+            if control is not None:
+                control.close()
             # The record first: a terminal that does not read must not leave it "running".
             if result is not None:
                 stopped = (job.path / STOP_MARK).exists()

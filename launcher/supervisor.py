@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from launcher.clock import Clock, SystemClock
 from launcher.command import LaunchSpec
@@ -291,6 +292,26 @@ class Supervisor:
                     self.record_exit(message)
         finally:
             self.signal_running(signal.SIGKILL)
+
+    def dump_stacks(self, timeout_s: float) -> dict[int, tuple[str, dict[str, Any]]]:
+        """Every running rank's Python stacks (py-spy, where each rank runs), in parallel."""
+        running = {rank: run for rank, run in list(self.runs.items()) if run.running}
+        found: dict[int, tuple[str, dict[str, Any]]] = {}
+
+        def take(rank: int, run: RankRun) -> None:
+            found[rank] = (run.spec.host.name, run.process.dump_stacks(timeout_s))
+
+        threads = [
+            threading.Thread(target=take, args=item, daemon=True) for item in running.items()
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout_s + 1)
+        late = {
+            r: (run.spec.host.name, {"error": "no answer in time"}) for r, run in running.items()
+        }
+        return {**late, **found}
 
     def settle(self) -> None:
         """Wait until nothing of any rank runs: each watchdog ends what its program left

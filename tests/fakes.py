@@ -86,6 +86,9 @@ class FakeProcess:
     def gone(self, timeout: float) -> bool:
         return self.exited.wait(timeout)
 
+    def dump_stacks(self, timeout: float) -> dict[str, object]:
+        return {"error": "a fake process has no stacks"}
+
     def signal(self, signum: int) -> None:
         self.signals.append(signum)
         if self.clock is not None:

@@ -23,6 +23,7 @@ LAYERS = [
             "policy",
             "outcome",
             "specs",
+            "stacks",
             "collapse",
         },
     ),
@@ -30,7 +31,7 @@ LAYERS = [
     ("effects", {"transport", "transport.base", "transport.local", "transport.ssh", "mpi"}),
     ("streams", {"logs", "jobs", "outlets"}),
     ("loop", {"clock", "rankrun", "supervisor"}),
-    ("job", {"job", "survey", "background"}),
+    ("job", {"job", "survey", "background", "control"}),
     ("view", {"console"}),
     ("edge", {"cli", "options", "dialects", "__main__", ""}),
 ]

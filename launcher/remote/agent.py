@@ -23,17 +23,20 @@ Stdlib only and self-contained, like the watchdog.
 import json
 import os
 import selectors
+import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
 HEADER = struct.Struct("!IBI")
 # agent -> launcher
 STDOUT, STDERR, EXITED, PROBED, STARTED, FAILED, STDOUT_END, STDERR_END, STATUS = range(9)
+STACKS_DUMPED = 9
 # launcher -> agent
-START, SIGNAL, HEARTBEAT, CREDIT = 100, 101, 102, 103
+START, SIGNAL, HEARTBEAT, CREDIT, DUMP_STACKS = 100, 101, 102, 103, 104
 NO_RUN = 0xFFFFFFFF
 # Written before the first frame: what a login shell's rc files print comes before it and is
 # skipped by the launcher.
@@ -45,6 +48,65 @@ WINDOW_BYTES = 2 << 20  # a run's output in flight to the launcher, at most
 
 def encode(rank: int, kind: int, payload: bytes) -> bytes:
     return HEADER.pack(rank, kind, len(payload)) + payload
+
+
+PY_SPY_TIMEOUT_S = 20.0
+
+
+def program_pid(watchdog_pid: int) -> "int | None":
+    """The rank's program: the watchdog's child (the watchdog forks it)."""
+    try:
+        with open(f"/proc/{watchdog_pid}/task/{watchdog_pid}/children") as f:
+            children = f.read().split()
+        if children:
+            return int(children[0])
+    except OSError:
+        pass
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, ValueError):
+            continue
+        if entry.isdigit() and int(fields[1]) == watchdog_pid:
+            return int(entry)
+    return None
+
+
+def find_py_spy(hint: "str | None") -> "str | None":
+    """py-spy: the launcher's path where it exists here, next to this Python, or on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    for candidate in (hint, beside):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("py-spy")
+
+
+def dump_stacks(watchdog_pid: int, py_spy_hint: "str | None") -> dict:  # type: ignore[type-arg]
+    """The rank's program's Python stacks (py-spy dump --json), or why there are none."""
+    pid = program_pid(watchdog_pid)
+    if pid is None:
+        return {"error": "the rank's program is not running"}
+    py_spy = find_py_spy(py_spy_hint)
+    if py_spy is None:
+        return {"pid": pid, "error": "py-spy is not installed on this host (pip install py-spy)"}
+    try:
+        done = subprocess.run(
+            [py_spy, "dump", "--json", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=PY_SPY_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"pid": pid, "error": f"py-spy failed: {exc}"}
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"pid": pid, "error": f"py-spy: {last}"}
+    try:
+        return {"pid": pid, "threads": json.loads(done.stdout)}
+    except ValueError:
+        return {"pid": pid, "error": f"py-spy printed no JSON: {done.stdout[:200]!r}"}
 
 
 class Agent:
@@ -63,12 +125,14 @@ class Agent:
         self.inbox = bytearray()
         self.lifeline_open = True
         self.heard = time.monotonic()
+        self.send_lock = threading.Lock()  # stack dumps answer from their own threads
 
     def send(self, rank: int, kind: int, payload: bytes) -> None:
         data = encode(rank, kind, payload)
-        while data:
-            written = os.write(1, data)
-            data = data[written:]
+        with self.send_lock:
+            while data:
+                written = os.write(1, data)
+                data = data[written:]
 
     def start(self, rank: int, spec: dict) -> None:  # type: ignore[type-arg]
         status_read, status_write = os.pipe()  # the watchdog's report, out of the program's reach
@@ -129,6 +193,13 @@ class Agent:
                 self.paused.discard(rank)
                 for pipe, kinds in self.outputs[rank].items():
                     self.selector.register(pipe, selectors.EVENT_READ, (rank, kinds))
+        elif kind == DUMP_STACKS and rank in self.children:
+            pid, hint = self.children[rank].pid, self.config.get("py_spy")
+
+            def answer() -> None:
+                self.send(rank, STACKS_DUMPED, json.dumps(dump_stacks(pid, hint)).encode())
+
+            threading.Thread(target=answer, daemon=True).start()
         elif kind == SIGNAL and rank in self.children:
             child = self.children[rank]
             if child.poll() is None and child.stdin is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from launcher.command import LaunchSpec
 from launcher.outcome import Stream
@@ -27,6 +27,11 @@ class Process(Protocol):
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the rank's whole process group (no-op once it exited)."""
+        ...
+
+    def dump_stacks(self, timeout: float) -> dict[str, Any]:
+        """The program's Python stacks as py-spy dumps them (``{"pid", "threads"}``), or
+        ``{"error": why}``; never longer than ``timeout``."""
         ...
 
     def gone(self, timeout: float) -> bool:

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping
-from typing import IO
+from typing import IO, Any
 
 from launcher import remote
 from launcher.command import LaunchSpec
 from launcher.errors import LauncherError
+from launcher.remote import agent
 from launcher.transport.base import Stream
 
 WATCHDOG = remote.path("watchdog")
@@ -86,6 +87,9 @@ class LocalProcess:
             timer.daemon = True
             timer.start()
 
+    def dump_stacks(self, timeout: float) -> dict[str, Any]:
+        return agent.dump_stacks(self.pid, local_py_spy())
+
     def gone(self, timeout: float) -> bool:
         try:
             self.popen.wait(timeout)
@@ -96,6 +100,11 @@ class LocalProcess:
     def kill_group(self) -> None:
         if self.popen.poll() is None:
             signal_group(self.pid, signal.SIGKILL)  # the watchdog leads the group
+
+
+def local_py_spy() -> str | None:
+    """py-spy here: beside dtrain's interpreter (a dependency), else on PATH."""
+    return agent.find_py_spy(None)
 
 
 def signal_group(pgid: int, signum: int) -> None:

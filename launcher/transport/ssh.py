@@ -555,6 +555,7 @@ class HostAgent:
             # and give the launcher up after the same silence.
             "heartbeat_s": min(agent.HEARTBEAT_S, silence_s / 4),
             "silence_s": silence_s,
+            "py_spy": agent.find_py_spy(None),  # the same path there, if it exists
         }
         channel = None
         try:
@@ -711,6 +712,18 @@ class AgentProcess:
         self.code: int | None = None
         self.killed = False
         self.cause: str | None = None
+        self.stacks: dict[str, Any] | None = None
+        self.stacks_ready = threading.Event()
+
+    def dump_stacks(self, timeout: float) -> dict[str, Any]:
+        self.stacks_ready.clear()
+        try:
+            self.host.send(self.run, agent.DUMP_STACKS, b"")
+        except (OSError, paramiko.SSHException) as exc:
+            return {"error": f"cannot reach {self.spec.host.name}: {exc}"}
+        if not self.stacks_ready.wait(timeout) or self.stacks is None:
+            return {"error": f"no answer from {self.spec.host.name} within {timeout:g} s"}
+        return self.stacks
 
     def receive(self, kind: int, payload: bytes) -> None:
         if kind in (agent.STDOUT, agent.STDERR):
@@ -730,6 +743,9 @@ class AgentProcess:
             self.finish(127)
         elif kind == agent.EXITED:
             self.finish(int(payload))
+        elif kind == agent.STACKS_DUMPED:
+            self.stacks = json.loads(payload)
+            self.stacks_ready.set()
 
     def finish(self, code: int) -> None:
         for stream in ("stdout", "stderr"):

@@ -1,0 +1,117 @@
+"""dtrain stacks: every rank's Python stack of a running job, grouped, locally and over SSH."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.stacks import format_stacks, group_stacks
+from tests.conftest import run_dtrain, start_dtrain, wait_until_gone
+from tests.testhosts import TestHosts
+
+pytestmark = pytest.mark.timeout(120)
+
+PROGRAM = """import os, time
+def wait_in_all_reduce():
+    time.sleep(120)
+def wander_elsewhere():
+    time.sleep(120)
+print("ready", flush=True)
+if os.environ["RANK"] == "2":
+    wander_elsewhere()
+else:
+    wait_in_all_reduce()
+"""
+
+
+def frame(name: str, line: int) -> dict[str, object]:
+    return {"name": name, "filename": "train.py", "line": line}
+
+
+def test_grouping_puts_the_odd_rank_apart() -> None:
+    main = [
+        {"thread_name": "MainThread", "frames": [frame("all_reduce", 9), frame("<module>", 20)]}
+    ]
+    odd = [{"thread_name": "MainThread", "frames": [frame("load", 4), frame("<module>", 18)]}]
+    dumps = {r: ("node1" if r < 4 else "node2", {"threads": main}) for r in range(8)}
+    dumps[5] = ("node2", {"threads": odd})
+    dumps[7] = ("node2", {"error": "py-spy is not installed on this host (pip install py-spy)"})
+    groups = group_stacks(dumps)
+    assert [g.ranks for g in groups] == [(0, 1, 2, 3, 4, 6), (5,), (7,)]
+    assert format_stacks(groups, 8) == [
+        "ranks 0-4,6 of 8 on node1, node2 (main thread):",
+        "    all_reduce (train.py:9)",
+        "    <module> (train.py:20)",
+        "",
+        "rank 5 of 8 on node2 (main thread):   <-- differs from the others",
+        "    load (train.py:4)",
+        "    <module> (train.py:18)",
+        "",
+        "rank 7 of 8 on node2: no stack: py-spy is not installed on this host (pip install py-spy)",
+    ]
+
+
+def stacks_of_running_job(*args: str, tmp_path: Path, mark: str) -> str:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    proc = start_dtrain("run", *args, "-x", f"DTRAIN_TEST_MARK={mark}", str(tmp_path / "train.py"))
+    try:
+        assert proc.stdout is not None
+        for _ in range(4):
+            assert "ready" in proc.stdout.readline()
+        result = run_dtrain("stacks")
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+    finally:
+        run_dtrain("stop")
+        proc.communicate(timeout=30)
+
+
+def expected(hosts: str, odd_host: str, path: Path) -> list[str]:
+    return [
+        f"ranks 0-1,3 of 4 on {hosts} (main thread):",
+        f"    wait_in_all_reduce ({path}:3)",
+        f"    <module> ({path}:10)",
+        "",
+        f"rank 2 of 4 on {odd_host} (main thread):   <-- differs from the others",
+        f"    wander_elsewhere ({path}:5)",
+        f"    <module> ({path}:8)",
+        "",
+    ]
+
+
+def test_stacks_of_a_local_job(tmp_path: Path, mark: str) -> None:
+    out = stacks_of_running_job("-np", "4", tmp_path=tmp_path, mark=mark)
+    assert out.splitlines()[1:] == expected("localhost", "localhost", tmp_path / "train.py")
+    assert wait_until_gone(mark) == []
+
+
+@pytest.mark.sshhosts
+def test_stacks_over_ssh(ssh_hosts: TestHosts, tmp_path: Path, mark: str) -> None:
+    out = stacks_of_running_job(
+        "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1:2,node2:2",
+        tmp_path=tmp_path, mark=mark,
+    )  # fmt: skip
+    assert out.splitlines()[1:] == expected("node1, node2", "node2", tmp_path / "train.py")
+    assert wait_until_gone(mark) == []
+
+
+def test_a_rank_that_is_not_python_says_why(mark: str) -> None:
+    proc = start_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "60")
+    try:
+        time.sleep(1.0)
+        result = run_dtrain("stacks")
+        assert result.returncode == 1
+        assert "ranks 0-1 of 2 on localhost: no stack: py-spy: " in result.stdout
+    finally:
+        run_dtrain("stop")
+        proc.communicate(timeout=30)
+
+
+def test_stacks_of_a_job_that_is_not_running() -> None:
+    done = run_dtrain("run", "true")
+    job = done.stderr.split("dtrain: job ", 1)[1].split()[0]
+    result = run_dtrain("stacks", job)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"dtrain: error: job {job} does not answer")
