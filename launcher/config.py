@@ -24,6 +24,7 @@ MapBy = Literal["slot", "node"]
 PerNode = Literal["auto", "gpu", "cpu"]
 BindTo = Literal["none", "core", "socket"]
 Framework = Literal["tf", "torch"]
+OnHang = Literal["fail", "dump"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,10 @@ class JobConfig:
     max_restarts: int = 0  # whole-job restarts after a failure
     restart_delay_s: float | None = None  # None: a backoff (1 s, 2 s, 4 s ... 30 s)
     checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR (default: in the job directory)
+    hang_timeout_s: float | None = None  # no output from any rank this long: a hang
+    on_hang: OnHang = "fail"  # fail: stacks, then exit 124; dump: stacks, go on
+    start_timeout_s: float | None = None  # every rank started within this
+    time_limit_s: float | None = None  # --timeout: the job's wall-clock limit
     verbose: bool = False  # -v: what dtrain does, with timestamps
     dry_run: bool = False
     detach: bool = False
@@ -290,17 +295,16 @@ def config_from_options(
         view=pick(ViewConfig, options),
         ps=ps,
         mpi=mpi,
-        **{name: options[name] if name in options else JOB_DEFAULTS[name] for name in JOB_FIELDS},
+        **{name: options.get(name, default) for name, default in job_fields().items()},
     )
 
 
-JOB_DEFAULTS: dict[str, Any] = {
-    "module": False,
-    "verbose": False,
-    "max_restarts": 0,
-    "restart_delay_s": None,
-    "checkpoint_dir": None,
-}
+NESTED = ("placement", "env", "ssh", "view", "ps", "mpi", "job_id")
+
+
+def job_fields() -> dict[str, Any]:
+    """JobConfig's own options (not a concern's) with their defaults: what the commands give."""
+    return {f.name: f.default for f in fields(JobConfig) if f.name not in NESTED}
 
 
 def with_peer_meanings(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -401,20 +405,6 @@ def parse_nnodes(text: str) -> int:
     raise UsageError(f"--nnodes {text}: expected a number of hosts", "write e.g. --nnodes 2")
 
 
-JOB_FIELDS = (
-    "command",
-    "grace_s",
-    "python",
-    "no_python",
-    "module",
-    "verbose",
-    "max_restarts",
-    "restart_delay_s",
-    "checkpoint_dir",
-    "dry_run",
-    "detach",
-    "job_dir",
-)
 C = TypeVar("C")
 
 

@@ -202,6 +202,11 @@ def format_failure(result: JobResult) -> list[str]:
             lines.extend(f"    {line}" for line in failure.last_lines)
         elif failure.rank >= 0:
             lines.append(f"dtrain: rank {failure.rank} wrote nothing (no output)")
+    elif result.timeout is not None:
+        lines.append(
+            f"dtrain: {result.timeout}; "
+            f"{describe_stopped(result, others=False)}; dtrain exits {result.exit_code}"
+        )
     elif result.interrupt is not None:
         import signal
 

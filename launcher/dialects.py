@@ -216,7 +216,6 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
     alias("horovodrun", "--hosts", "host_lists", "-H", "list", example="localhost:2"),
     alias("horovodrun", "-p", "port", "--ssh-port", "int", example="22"),
     alias("horovodrun", "--ssh-identity-file", "identity", "--ssh-identity", "text", example="KEY"),
-    alias("horovodrun", "--start-timeout", "timeout_s", "--ssh-timeout", "float", example="30"),
     alias(
         "horovodrun",
         "--network-interfaces --nics",

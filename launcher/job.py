@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from launcher import remote
 from launcher.clock import Clock
+from launcher.collapse import rank_set
 from launcher.command import LaunchSpec, describe_specs
 from launcher.config import JobConfig, validate_config
 from launcher.control import SOCKET_NAME, ControlServer
@@ -65,7 +66,8 @@ from launcher.policy import (
     hosts_left_out,
 )
 from launcher.specs import ServerProgram, Site, build_job_specs
-from launcher.supervisor import Supervisor, caught_signals
+from launcher.stacks import StackGroup, format_stacks, group_stacks
+from launcher.supervisor import Supervisor, TimeLimits, caught_signals
 from launcher.survey import (
     Survey,
     check_local_program,
@@ -231,6 +233,21 @@ def open_control(job: JobDir, supervisor: Supervisor) -> ControlServer | None:
     except OSError as exc:  # e.g. a path longer than a Unix socket's 107 bytes
         LOG.debug("no control socket in %s: %s", job.path, exc)
         return None
+
+
+def stuck_where(groups: Sequence[StackGroup]) -> str:
+    """``ranks 0-6 in all_reduce (train.py:9), rank 7 in load (data.py:4)``."""
+    parts = []
+    for group in groups:
+        who = (
+            f"rank {group.ranks[0]}" if len(group.ranks) == 1 else f"ranks {rank_set(group.ranks)}"
+        )
+        if group.frames:
+            name, path, line = group.frames[0]
+            parts.append(f"{who} in {name} ({Path(path).name}:{line})")
+        else:
+            parts.append(f"{who}: {group.error or 'no stack'}")
+    return ", ".join(parts)
 
 
 def attempt_end(result: JobResult) -> AttemptEnd:
@@ -410,6 +427,13 @@ class Attempt:
             output_dir=self.output_dir,
             roles={s.rank: s.role for s in started} if tf_ps else None,
             worker_restarts=config.ps.restart_workers if config.ps is not None else 0,
+            limits=TimeLimits(
+                hang_s=config.hang_timeout_s,
+                fail_on_hang=config.on_hang == "fail",
+                start_s=config.start_timeout_s,
+                total_s=config.time_limit_s,
+                on_hang=lambda dumps: self.report_hang(job, dumps, plan.world_size),
+            ),
         )
         showing.__enter__()
         result: JobResult | None = None
@@ -484,6 +508,27 @@ class Attempt:
             f"Ctrl-C or dtrain stop {self.job_id}",
         ):
             self.frontend.notice(line)
+
+    def report_hang(
+        self, job: JobDir, dumps: Mapping[int, tuple[str, Mapping[str, Any]]], world: int
+    ) -> str:
+        """A hang: every rank's stack to the terminal and to the job directory; returns where
+        the ranks were, for the summary."""
+        groups = group_stacks(dumps)
+        text = format_stacks(groups, world)
+        path = job.path / "stacks.txt"
+        try:
+            with open_private(path, "ab") as f:
+                f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+                f.write(("\n".join(text) + "\n").encode())
+        except OSError:
+            pass  # a full disk: the terminal still shows them
+        silent = self.config.hang_timeout_s
+        self.frontend.notice(f"dtrain: no output from any rank for {silent:g} s; their stacks:")
+        for line in text:
+            self.frontend.notice("    " + line if line else "")
+        self.frontend.notice(f"dtrain: (also in {path})")
+        return ": " + stuck_where(groups) if groups else ""
 
     def report_drops(self, count: int) -> None:
         self.frontend.notice(

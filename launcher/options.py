@@ -221,4 +221,35 @@ restart_options = stacked(
         metavar="DIR",
     ),
 )
-job_options = stacked(host_options, rank_options, restart_options, view_options, ssh_options)
+# Time limits: a hang (no output), a slow start, the whole job.
+limit_options = stacked(
+    option(
+        "--hang-timeout hang_timeout_s",
+        "No output from any rank for this long: take every rank's stack (job directory and "
+        "terminal), then fail with 124 (see --on-hang).",
+        type=click.FloatRange(0.1),
+        metavar="SECONDS",
+    ),
+    option(
+        "--on-hang",
+        "fail: stop the job (exit 124); dump: only show the stacks and go on.",
+        type=click.Choice(["fail", "dump"]),
+        default="fail",
+        show_default=True,
+    ),
+    option(
+        "--start-timeout start_timeout_s",
+        "Every rank must have started within this long (else exit 124, naming the late ones).",
+        type=click.FloatRange(0.1),
+        metavar="SECONDS",
+    ),
+    option(
+        "--timeout time_limit_s",
+        "Stop the job after this long (exit 124).",
+        type=click.FloatRange(0.1),
+        metavar="SECONDS",
+    ),
+)
+job_options = stacked(
+    host_options, rank_options, restart_options, limit_options, view_options, ssh_options
+)

@@ -8,7 +8,9 @@ action it returns (DESIGN.md rule 3).  The rules:
   the others and exit with its code (128 + N for signal N); "first" by the time
   it exited, not by when the news arrived;
 * the first SIGINT/SIGTERM to dtrain stops the job gracefully, a second one
-  kills at once; the exit code is 128 + that signal.
+  kills at once; the exit code is 128 + that signal;
+* a time limit (``--hang-timeout``, ``--start-timeout``, ``--timeout``) stops the job
+  like a failure; the exit code is 124, as timeout(1)'s.
 
 Parameter-server jobs (``roles`` set) follow the task roles instead:
 
@@ -44,7 +46,16 @@ class GraceExpired:
     pass
 
 
-Event = RankExited | Interrupted | GraceExpired
+@dataclass(frozen=True)
+class TimedOut:
+    """--hang-timeout, --start-timeout or --timeout ran out: stop the job, exit 124."""
+
+    reason: str
+
+
+TIMEOUT_EXIT = 124  # as timeout(1)
+
+Event = RankExited | Interrupted | GraceExpired | TimedOut
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,7 @@ class JobState:
     roles: Mapping[int, str] = field(default_factory=dict)  # set: parameter-server rules
     restarts_left: Mapping[int, int] = field(default_factory=dict)
     chief_status: int | None = None
+    timeout: str | None = None  # why a time limit stopped the job
 
     @property
     def exit_code(self) -> int:
@@ -101,6 +113,8 @@ class JobState:
             return exit_code_of(self.failure.status)
         if self.chief_status is not None:
             return exit_code_of(self.chief_status)
+        if self.timeout is not None:
+            return TIMEOUT_EXIT
         if self.interrupt is not None:
             return 128 + self.interrupt
         return 0
@@ -132,6 +146,11 @@ def start_state(
 
 
 def decide(state: JobState, event: Event) -> tuple[JobState, Action]:
+    if isinstance(event, TimedOut):
+        if state.stopping:
+            return state, Continue()
+        state = replace(state, timeout=event.reason, stopping=True)
+        return state, (StopAll() if state.running else Finish(state.exit_code))
     if isinstance(event, RankExited) and state.roles and not state.stopping:
         return decide_by_role(state, event)
     if isinstance(event, RankExited):

@@ -61,6 +61,7 @@ class RankRun:
         post: Callable[[Message], None],
         output: Fanout,
         wall: Callable[[], float],
+        now: Callable[[], float] | None = None,
     ) -> None:
         self.spec = spec
         self.process = process
@@ -71,6 +72,9 @@ class RankRun:
         self.open_streams = len(STREAMS)
         self.status: int | None = None
         self.tails: dict[Stream, deque[bytes]] = new_tails()
+        self.now = now or wall
+        self.last_output = self.now()  # when it last printed (--hang-timeout)
+        self.started = not hasattr(process, "started")  # a remote rank's start comes later
 
     def watch(self, output_dir: Path | None) -> None:
         """Start a reader per stream and a waiter; ``output_dir`` gets raw copies of the streams."""
@@ -84,6 +88,7 @@ class RankRun:
         tail = self.tails[stream]
 
         def on_lines(lines: list[bytes]) -> None:
+            self.last_output = self.now()
             keep_tail(tail, lines)
             self.output.post_lines(self.spec, stream, lines)
 

@@ -18,12 +18,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from launcher.clock import Clock, SystemClock
+from launcher.collapse import rank_set
 from launcher.command import LaunchSpec
 from launcher.outcome import JobResult, OutputSink, RankReport, RankState, build_rank_report
 from launcher.outlets import Fanout, Outlet
@@ -38,6 +39,7 @@ from launcher.policy import (
     RankExited,
     Restart,
     StopAll,
+    TimedOut,
     decide,
     failed_hosts,
     start_state,
@@ -51,6 +53,7 @@ __all__ = ["Signalled", "Supervisor", "caught_signals"]
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for exits we may never see
 SETTLE_EXTRA_S = 2.0  # beyond the grace, for the watchdogs to exit once the ranks did
+HANG_STACKS_S = 25.0  # how long taking the stacks of a hung job may take
 DRAIN_S = 2.0  # after the last exit, how long output may still trickle in
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -73,6 +76,21 @@ def caught_signals(on_signal: Callable[[int], None], enabled: bool = True) -> It
             signal.signal(signum, old)
 
 
+@dataclass(frozen=True)
+class TimeLimits:
+    """--hang-timeout (with what to do), --start-timeout, --timeout; None: no limit."""
+
+    hang_s: float | None = None
+    fail_on_hang: bool = True  # --on-hang fail (else dump and go on)
+    start_s: float | None = None
+    total_s: float | None = None
+    on_hang: Callable[[dict[int, tuple[str, dict[str, Any]]]], str] | None = None  # -> where
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in (self.hang_s, self.start_s, self.total_s))
+
+
 class Supervisor:
     def __init__(
         self,
@@ -86,6 +104,7 @@ class Supervisor:
         handle_signals: bool = True,
         roles: Mapping[int, str] | None = None,
         worker_restarts: int = 0,
+        limits: TimeLimits | None = None,
     ) -> None:
         self.specs = list(specs)
         self.transport = transport
@@ -98,6 +117,9 @@ class Supervisor:
         self.handle_signals = handle_signals
         self.roles = roles
         self.worker_restarts = worker_restarts
+        self.limits = limits or TimeLimits()
+        self.began = self.clock.now()
+        self.quiet_since: float | None = None  # a hang already reported: silence counts anew
         self.events: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self.runs: dict[int, RankRun] = {}  # the current run of each rank
         self.retired: list[RankRun] = []  # earlier runs of restarted ranks
@@ -137,6 +159,7 @@ class Supervisor:
             stopped=len(self.stopped),
             sigkilled=len(self.sigkilled),
             kill_cause=self.kill_cause,
+            timeout=state.timeout,
             failed_hosts=failed_hosts(
                 [
                     RankEnd(
@@ -157,11 +180,17 @@ class Supervisor:
     def loop(self, state: JobState) -> JobState:
         deadline: float | None = None  # grace or kill deadline, when stopping
         while True:
-            event = self.next_event(deadline)
-            if event is None:
+            watch = None if state.stopping else self.next_check()
+            wake = min((t for t in (deadline, watch) if t is not None), default=None)
+            event = self.next_event(wake)
+            if event is None and deadline is not None and self.clock.now() >= deadline:
                 if state.killing:
                     return state  # SIGKILLed ranks that never reported back: give up on them
                 event = GraceExpired()
+            elif event is None:
+                event = self.check_limits()
+                if event is None:
+                    continue
             state, action = decide(state, event)
             if isinstance(action, Finish):
                 return state
@@ -182,6 +211,45 @@ class Supervisor:
                 LOG.debug("SIGKILL to %d rank(s) %s", self.running, self.kill_cause)
                 self.signal_running(signal.SIGKILL)
                 deadline = self.clock.now() + KILL_WAIT_S
+
+    def next_check(self) -> float | None:
+        """When a time limit may next run out (None: none is set)."""
+        limits = self.limits
+        times = []
+        if limits.total_s is not None:
+            times.append(self.began + limits.total_s)
+        if limits.start_s is not None and not all(r.started for r in self.runs.values()):
+            times.append(self.began + limits.start_s)
+        if limits.hang_s is not None:
+            times.append(self.last_heard() + limits.hang_s)
+        return min(times, default=None)
+
+    def last_heard(self) -> float:
+        """When any running rank last printed (or the job started, or a hang was reported)."""
+        running = [run.last_output for run in self.runs.values() if run.running]
+        return max([self.began, *running, *([self.quiet_since] if self.quiet_since else [])])
+
+    def check_limits(self) -> Event | None:
+        """A time limit that ran out, as the policy's event; a hang first dumps the stacks."""
+        now, limits = self.clock.now(), self.limits
+        if limits.total_s is not None and now - self.began >= limits.total_s:
+            return TimedOut(f"the job ran longer than --timeout {limits.total_s:g} s")
+        late = [r for r, run in self.runs.items() if not run.started]
+        if limits.start_s is not None and late and now - self.began >= limits.start_s:
+            hosts = sorted({self.runs[r].spec.host.name for r in late})
+            return TimedOut(
+                f"rank(s) {rank_set(late)} on {', '.join(hosts)} had not started after "
+                f"{limits.start_s:g} s (--start-timeout)"
+            )
+        if limits.hang_s is not None and now - self.last_heard() >= limits.hang_s:
+            LOG.debug("no output for %g s: taking every rank's stack", limits.hang_s)
+            where = limits.on_hang(self.dump_stacks(HANG_STACKS_S)) if limits.on_hang else ""
+            self.quiet_since = self.clock.now()
+            if limits.fail_on_hang:
+                return TimedOut(
+                    f"no output from any rank for {limits.hang_s:g} s (--hang-timeout){where}"
+                )
+        return None
 
     def next_event(self, deadline: float | None) -> Event | None:
         """Handle queued output until an event for the policy arrives (None: the deadline)."""
@@ -206,6 +274,7 @@ class Supervisor:
             run.open_streams -= 1
             return None
         if isinstance(message, Started):
+            run.started = True
             run.state = replace(run.state, pid=run.process.pid)
             self.output.post_state(run.state)
             return None
@@ -248,7 +317,9 @@ class Supervisor:
         state = RankState(
             spec.rank, spec.host.name, spec.role, process.pid, self.clock.wall(), restarts=restarts
         )
-        run = RankRun(spec, process, state, self.events.put, self.output, self.clock.wall)
+        run = RankRun(
+            spec, process, state, self.events.put, self.output, self.clock.wall, self.clock.now
+        )
         self.runs[spec.rank] = run
         LOG.debug("rank %d started on %s (pid %s)", spec.rank, spec.host.name, process.pid)
         self.output.post_state(state)

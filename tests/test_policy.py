@@ -22,6 +22,7 @@ from launcher.policy import (
     Restart,
     RestartAfter,
     StopAll,
+    TimedOut,
     decide,
     decide_restart,
     describe_status,
@@ -199,3 +200,20 @@ def test_failed_hosts_come_back_after_the_cooldown() -> None:
     assert hosts_left_out(failed, 160.0, None) == {"a", "b"}
     assert hosts_left_out(failed, 160.0, 30.0) == {"b"}
     assert hosts_left_out(failed, 200.0, 30.0) == set()
+
+
+def test_a_time_limit_stops_the_job_with_124() -> None:
+    state = start_state(frozenset({0, 1}))
+    state, action = decide(state, TimedOut("no output for 5 s"))
+    assert action == StopAll() and state.exit_code == 124 and state.timeout == "no output for 5 s"
+    state, action = decide(state, TimedOut("again"))  # already stopping: nothing more
+    assert action == Continue() and state.timeout == "no output for 5 s"
+    state, _ = decide(state, RankExited(0, -15))  # stopped ranks do not make it a failure
+    state, action = decide(state, RankExited(1, -15))
+    assert action == Finish(124)
+
+
+def test_a_failure_before_the_time_limit_keeps_its_code() -> None:
+    state, _ = decide(start_state(frozenset({0, 1})), RankExited(0, 3))
+    state, action = decide(state, TimedOut("late"))
+    assert action == Continue() and state.exit_code == 3

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import signal
+import threading
+from typing import Any
 
 from launcher.command import LaunchSpec
 from launcher.hosts import Host
 from launcher.outcome import JobResult, RankReport
-from launcher.supervisor import Signalled, Supervisor
-from tests.fakes import FakeClock, FakeTransport, RecordingSink, Script
+from launcher.supervisor import Signalled, Supervisor, TimeLimits
+from tests.fakes import FakeClock, FakeProcess, FakeTransport, RecordingSink, Script
 
 
 def specs(count: int) -> list[LaunchSpec]:
@@ -162,3 +164,83 @@ def test_a_second_interrupt_says_it_killed_at_once() -> None:
         "dtrain: interrupted by SIGINT; stopped 2 ranks (2 with SIGKILL at the second signal); "
         "dtrain exits 130"
     ]
+
+
+def limited(
+    plans: dict[int, Script], limits: TimeLimits
+) -> tuple[JobResult, FakeTransport, FakeClock]:
+    clock = FakeClock()
+    transport = FakeTransport(plans, clock)
+    result = Supervisor(
+        specs(len(plans)), transport, RecordingSink(), grace_s=5, handle_signals=False,
+        clock=clock, limits=limits,
+    ).run()  # fmt: skip
+    return result, transport, clock
+
+
+def test_a_wall_clock_limit_stops_the_job_with_124() -> None:
+    result, transport, _ = limited(
+        {0: ({}, None, False), 1: ({}, None, False)}, TimeLimits(total_s=60)
+    )
+    assert result.exit_code == 124 and result.failure is None
+    assert result.timeout == "the job ran longer than --timeout 60 s"
+    assert transport.started[0].signal_times == [1060.0]  # exactly at the limit
+    assert result.stopped == 2
+
+
+def test_a_hang_takes_the_stacks_then_fails() -> None:
+    seen: list[dict[int, object]] = []
+
+    def on_hang(dumps: dict[int, tuple[str, dict[str, object]]]) -> str:
+        seen.append(dict(dumps))
+        return ": ranks 0-1 somewhere"
+
+    plans: dict[int, Script] = {0: ({"stdout": [b"step 1\n"]}, None, False), 1: ({}, None, False)}
+    result, transport, _ = limited(plans, TimeLimits(hang_s=300, on_hang=on_hang))
+    assert result.exit_code == 124
+    assert (
+        result.timeout == "no output from any rank for 300 s (--hang-timeout): ranks 0-1 somewhere"
+    )
+    assert list(seen[0]) == [0, 1]  # every rank's stack, before anything was stopped
+    assert transport.started[0].signals == [signal.SIGTERM]
+
+
+def test_on_hang_dump_goes_on_and_dumps_again_after_another_silence() -> None:
+    calls: list[float] = []
+    plans: dict[int, Script] = {0: ({}, 0, False)}
+    clock = FakeClock()
+
+    def on_hang(dumps: object) -> str:
+        calls.append(clock.now())
+        return ""
+
+    transport = FakeTransport(plans, clock, delays={0: 1.0})  # exits after 1 s of real time
+    result = Supervisor(
+        specs(1), transport, RecordingSink(), handle_signals=False, clock=clock,
+        limits=TimeLimits(hang_s=10, fail_on_hang=False, on_hang=on_hang),
+    ).run()  # fmt: skip
+    assert result.exit_code == 0 and result.timeout is None
+    assert len(calls) >= 2 and calls[1] - calls[0] == 10  # once per silence, not once per wake
+
+
+class LateProcess(FakeProcess):
+    """A remote rank whose agent has not said it started."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = threading.Event()
+
+
+def test_a_rank_that_never_started_is_named_after_the_start_timeout() -> None:
+    clock = FakeClock()
+    transport = FakeTransport({0: ({}, None, False), 1: ({}, None, False)}, clock)
+    transport.start = lambda spec: (  # type: ignore[method-assign]
+        transport.started.setdefault(spec.rank, (LateProcess if spec.rank else FakeProcess)(
+            spec, transport.scripts[spec.rank], clock))
+    )  # fmt: skip
+    result = Supervisor(
+        specs(2), transport, RecordingSink(), handle_signals=False, clock=clock,
+        limits=TimeLimits(start_s=30),
+    ).run()  # fmt: skip
+    assert result.exit_code == 124
+    assert result.timeout == "rank(s) 1 on h had not started after 30 s (--start-timeout)"
