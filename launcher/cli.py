@@ -408,14 +408,9 @@ def stacks(job: str | None, as_json: bool, job_dir: str | None) -> int:
     import json
 
     from launcher.control import ask
-    from launcher.jobs import find_job, jobs_root, running_jobs
     from launcher.stacks import format_stacks, group_stacks
 
-    root = jobs_root(job_dir, os.environ)
-    running = running_jobs(root) if job is None else []
-    found = running[-1] if running else find_job(root, job)
-    if len(running) > 1:
-        click.echo(f"dtrain: job {found.id} (the latest of {len(running)} running)", err=True)
+    found = running_job(job, job_dir)
     reply = ask(found.path, {"op": "stacks"}, timeout_s=60)
     dumps = {int(rank): (host, dump) for rank, (host, dump) in reply["stacks"].items()}
     if as_json:
@@ -426,6 +421,77 @@ def stacks(job: str | None, as_json: bool, job_dir: str | None) -> int:
     for line in format_stacks(group_stacks(dumps), world):
         click.echo(line)
     return 0 if dumps and all("threads" in d for _, d in dumps.values()) else 1
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job", required=False)
+@click.option(
+    "--once", is_flag=True, help="One table (two samples half a second apart), then exit."
+)
+@click.option("--json", "as_json", is_flag=True, help="With --once: the rows as JSON.")
+@JOB_DIR_OPTION
+def top(job: str | None, once: bool, as_json: bool, job_dir: str | None) -> int:
+    """A running job's ranks, live: host, pid, state, CPU %, memory, GPU memory, how long each
+    has been quiet and its last line (refreshed every second; Ctrl-C to leave).
+
+    Without JOB: the running job (the latest started if several).
+    """
+    import json
+    import time
+
+    from launcher.control import ask
+    from launcher.topview import rows_between, top_table
+
+    found = running_job(job, job_dir)
+
+    def sample() -> dict[int, dict[str, Any]]:
+        reply = ask(found.path, {"op": "stats"}, timeout_s=30)
+        return {int(rank): row for rank, row in reply["ranks"].items()}
+
+    before = sample()
+    if once:
+        time.sleep(0.5)
+        rows = rows_between(before, sample())
+        if as_json:
+            click.echo(json.dumps(rows))
+        else:
+            from rich.console import Console
+
+            Console().print(top_table(found.id, rows))
+        return 0
+    return watch_top(found, before, sample)
+
+
+def watch_top(found: Any, before: dict[int, dict[str, Any]], sample: Any) -> int:
+    """Refresh the table every second until the job ends (or Ctrl-C)."""
+    import time
+
+    from rich.live import Live
+
+    from launcher.errors import UsageError
+    from launcher.topview import rows_between, top_table
+
+    with Live(auto_refresh=False) as live:
+        while True:
+            time.sleep(1.0)
+            try:
+                after = sample()
+            except UsageError:  # the job ended
+                return 0
+            live.update(top_table(found.id, rows_between(before, after)), refresh=True)
+            before = after
+
+
+def running_job(job: str | None, job_dir: str | None) -> Any:
+    """JOB, or the running one (the latest started if several, said so)."""
+    from launcher.jobs import find_job, jobs_root, running_jobs
+
+    root = jobs_root(job_dir, os.environ)
+    running = running_jobs(root) if job is None else []
+    found = running[-1] if running else find_job(root, job)
+    if len(running) > 1:
+        click.echo(f"dtrain: job {found.id} (the latest of {len(running)} running)", err=True)
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:

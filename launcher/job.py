@@ -217,6 +217,7 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
 
 
 STACKS_TIMEOUT_S = 25.0
+STATS_TIMEOUT_S = 5.0
 
 
 def open_control(job: JobDir, supervisor: Supervisor) -> ControlServer | None:
@@ -226,6 +227,9 @@ def open_control(job: JobDir, supervisor: Supervisor) -> ControlServer | None:
         if request.get("op") == "stacks":
             dumps = supervisor.dump_stacks(STACKS_TIMEOUT_S)
             return {"stacks": {str(rank): [host, dump] for rank, (host, dump) in dumps.items()}}
+        if request.get("op") == "stats":
+            rows = supervisor.stats(STATS_TIMEOUT_S)
+            return {"ranks": {str(rank): row for rank, row in rows.items()}}
         return {"error": f"unknown request {request.get('op')!r}"}
 
     try:

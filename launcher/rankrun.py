@@ -73,7 +73,8 @@ class RankRun:
         self.status: int | None = None
         self.tails: dict[Stream, deque[bytes]] = new_tails()
         self.now = now or wall
-        self.last_output = self.now()  # when it last printed (--hang-timeout)
+        self.last_output = self.now()  # when it last printed (--hang-timeout, dtrain top)
+        self.last_line = b""
         self.started = not hasattr(process, "started")  # a remote rank's start comes later
 
     def watch(self, output_dir: Path | None) -> None:
@@ -89,6 +90,7 @@ class RankRun:
 
         def on_lines(lines: list[bytes]) -> None:
             self.last_output = self.now()
+            self.last_line = lines[-1]
             keep_tail(tail, lines)
             self.output.post_lines(self.spec, stream, lines)
 

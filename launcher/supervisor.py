@@ -384,6 +384,31 @@ class Supervisor:
         }
         return {**late, **found}
 
+    def stats(self, timeout_s: float) -> dict[int, dict[str, Any]]:
+        """Every rank's figures for ``dtrain top``: host, pid, state, its last line and how long
+        ago, and for running ranks what their processes use (asked where they run)."""
+        now = self.clock.now()
+        rows: dict[int, dict[str, Any]] = {}
+        for rank, run in list(self.runs.items()):
+            rows[rank] = {
+                "host": run.spec.host.name,
+                "role": run.spec.role,
+                "status": run.status,
+                "silent_s": round(now - run.last_output, 1),
+                "last_line": run.last_line.decode("utf-8", "replace")[-200:],
+            }
+        running = [(r, run) for r, run in list(self.runs.items()) if run.running]
+
+        def take(rank: int, run: RankRun) -> None:
+            rows[rank].update(run.process.take_stats(timeout_s))
+
+        threads = [threading.Thread(target=take, args=item, daemon=True) for item in running]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout_s + 1)
+        return rows
+
     def settle(self) -> None:
         """Wait until nothing of any rank runs: each watchdog ends what its program left
         (within the grace) and exits.  A restart starts only after this."""

@@ -89,6 +89,9 @@ class FakeProcess:
     def dump_stacks(self, timeout: float) -> dict[str, object]:
         return {"error": "a fake process has no stacks"}
 
+    def take_stats(self, timeout: float) -> dict[str, object]:
+        return {"error": "a fake process uses nothing"}
+
     def signal(self, signum: int) -> None:
         self.signals.append(signum)
         if self.clock is not None:

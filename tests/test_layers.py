@@ -32,7 +32,7 @@ LAYERS = [
     ("streams", {"logs", "jobs", "outlets"}),
     ("loop", {"clock", "rankrun", "supervisor"}),
     ("job", {"job", "survey", "background", "control"}),
-    ("view", {"console"}),
+    ("view", {"console", "topview"}),
     ("edge", {"cli", "options", "dialects", "__main__", ""}),
 ]
 LEVEL = {name: level for level, (_, names) in enumerate(LAYERS) for name in names}

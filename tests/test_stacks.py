@@ -1,7 +1,8 @@
-"""dtrain stacks: every rank's Python stack of a running job, grouped, locally and over SSH."""
+"""dtrain stacks and dtrain top on running jobs, locally and over SSH; the stack grouping."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -115,3 +116,57 @@ def test_stacks_of_a_job_that_is_not_running() -> None:
     result = run_dtrain("stacks", job)
     assert result.returncode == 2
     assert result.stderr.startswith(f"dtrain: error: job {job} does not answer")
+
+
+BUSY = """import os, time
+print("rank", os.environ["RANK"], "busy" if os.environ["RANK"] == "0" else "idle", flush=True)
+block = bytearray(64 * 2**20)  # 64 MiB resident
+block[::4096] = b"x" * len(block[::4096])
+end = time.time() + 60
+while time.time() < end:
+    if os.environ["RANK"] != "0":
+        time.sleep(0.5)
+"""
+
+
+def top_of_running_job(*args: str, tmp_path: Path, mark: str) -> list[dict[str, object]]:
+    (tmp_path / "busy.py").write_text(BUSY)
+    proc = start_dtrain("run", *args, "-x", f"DTRAIN_TEST_MARK={mark}", str(tmp_path / "busy.py"))
+    try:
+        assert proc.stdout is not None
+        for _ in range(2):
+            assert "rank" in proc.stdout.readline()
+        time.sleep(0.5)  # the 64 MiB are touched
+        result = run_dtrain("top", "--once", "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)  # type: ignore[no-any-return]
+    finally:
+        run_dtrain("stop")
+        proc.communicate(timeout=30)
+
+
+def check_top(rows: list[dict[str, object]], hosts: list[str]) -> None:
+    assert [(r["rank"], r["host"], r["state"]) for r in rows] == [
+        (0, hosts[0], "running"), (1, hosts[1], "running"),
+    ]  # fmt: skip
+    busy, idle = rows
+    assert isinstance(busy["cpu_percent"], float) and busy["cpu_percent"] > 50, rows
+    assert isinstance(idle["cpu_percent"], float) and idle["cpu_percent"] < 20, rows
+    assert all(isinstance(r["rss_mib"], float) and r["rss_mib"] > 64 for r in rows), rows
+    assert [r["last_line"] for r in rows] == ["rank 0 busy", "rank 1 idle"]
+    assert all(isinstance(r["pid"], int) and r["pid"] > 0 for r in rows)
+
+
+def test_top_once_as_json(tmp_path: Path, mark: str) -> None:
+    rows = top_of_running_job("-np", "2", tmp_path=tmp_path, mark=mark)
+    check_top(rows, ["localhost", "localhost"])
+    assert wait_until_gone(mark) == []
+
+
+@pytest.mark.sshhosts
+def test_top_over_ssh(ssh_hosts: TestHosts, tmp_path: Path, mark: str) -> None:
+    rows = top_of_running_job(
+        "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2", tmp_path=tmp_path, mark=mark
+    )
+    check_top(rows, ["node1", "node2"])
+    assert wait_until_gone(mark) == []

@@ -34,9 +34,10 @@ from typing import Any
 HEADER = struct.Struct("!IBI")
 # agent -> launcher
 STDOUT, STDERR, EXITED, PROBED, STARTED, FAILED, STDOUT_END, STDERR_END, STATUS = range(9)
-STACKS_DUMPED = 9
+STACKS_DUMPED, STATS_TAKEN = 9, 10
 # launcher -> agent
-START, SIGNAL, HEARTBEAT, CREDIT, DUMP_STACKS = 100, 101, 102, 103, 104
+START, SIGNAL, HEARTBEAT, CREDIT, DUMP_STACKS, TAKE_STATS = 100, 101, 102, 103, 104, 105
+ANSWERS = {DUMP_STACKS: STACKS_DUMPED, TAKE_STATS: STATS_TAKEN}  # questions about a rank
 NO_RUN = 0xFFFFFFFF
 # Written before the first frame: what a login shell's rc files print comes before it and is
 # skipped by the launcher.
@@ -80,6 +81,75 @@ def find_py_spy(hint: "str | None") -> "str | None":
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return shutil.which("py-spy")
+
+
+def descendants(pid: int) -> "list[int]":
+    """Every process below ``pid`` (its children, theirs...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], list(children.get(pid, ()))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, ()))
+    return found
+
+
+def gpu_memory() -> "dict[int, int]":
+    """pid -> MiB of GPU memory it holds (nvidia-smi), where nvidia-smi answers."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {}
+    try:
+        out = subprocess.run(
+            [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    found: dict[int, int] = {}
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            found[int(parts[0])] = found.get(int(parts[0]), 0) + int(parts[1])
+    return found
+
+
+def take_stats(watchdog_pid: int) -> dict:  # type: ignore[type-arg]
+    """What the rank's processes use now: CPU time (ticks), resident memory, GPU memory."""
+    pids = descendants(watchdog_pid)
+    ticks, rss = 0, 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                rss += int(f.read().split()[1]) * page
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    gpu = gpu_memory()
+    held = [gpu[p] for p in pids if p in gpu]
+    return {
+        "pid": program_pid(watchdog_pid),
+        "processes": len(pids),
+        "cpu_s": ticks / os.sysconf("SC_CLK_TCK"),
+        "time": time.monotonic(),
+        "rss": rss,
+        "gpu_mib": sum(held) if held else None,
+    }
 
 
 def dump_stacks(watchdog_pid: int, py_spy_hint: "str | None") -> dict:  # type: ignore[type-arg]
@@ -193,11 +263,12 @@ class Agent:
                 self.paused.discard(rank)
                 for pipe, kinds in self.outputs[rank].items():
                     self.selector.register(pipe, selectors.EVENT_READ, (rank, kinds))
-        elif kind == DUMP_STACKS and rank in self.children:
+        elif kind in ANSWERS and rank in self.children:
             pid, hint = self.children[rank].pid, self.config.get("py_spy")
 
             def answer() -> None:
-                self.send(rank, STACKS_DUMPED, json.dumps(dump_stacks(pid, hint)).encode())
+                found = dump_stacks(pid, hint) if kind == DUMP_STACKS else take_stats(pid)
+                self.send(rank, ANSWERS[kind], json.dumps(found).encode())
 
             threading.Thread(target=answer, daemon=True).start()
         elif kind == SIGNAL and rank in self.children:

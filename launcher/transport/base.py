@@ -34,6 +34,11 @@ class Process(Protocol):
         ``{"error": why}``; never longer than ``timeout``."""
         ...
 
+    def take_stats(self, timeout: float) -> dict[str, Any]:
+        """What the rank's processes use: ``cpu_s`` (CPU time so far), ``time`` (when, on its
+        host's monotonic clock), ``rss`` (bytes), ``gpu_mib``, ``processes``; or ``error``."""
+        ...
+
     def gone(self, timeout: float) -> bool:
         """Block until nothing of the rank runs (its watchdog ended what the program left
         and exited), at most ``timeout`` seconds; True when gone."""

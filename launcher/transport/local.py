@@ -90,6 +90,9 @@ class LocalProcess:
     def dump_stacks(self, timeout: float) -> dict[str, Any]:
         return agent.dump_stacks(self.pid, local_py_spy())
 
+    def take_stats(self, timeout: float) -> dict[str, Any]:
+        return agent.take_stats(self.pid)
+
     def gone(self, timeout: float) -> bool:
         try:
             self.popen.wait(timeout)

@@ -712,18 +712,26 @@ class AgentProcess:
         self.code: int | None = None
         self.killed = False
         self.cause: str | None = None
-        self.stacks: dict[str, Any] | None = None
-        self.stacks_ready = threading.Event()
+        self.answers: dict[int, dict[str, Any]] = {}  # the agent's answers, by kind
+        self.answered = {kind: threading.Event() for kind in agent.ANSWERS.values()}
 
     def dump_stacks(self, timeout: float) -> dict[str, Any]:
-        self.stacks_ready.clear()
+        return self.ask(agent.DUMP_STACKS, timeout)
+
+    def take_stats(self, timeout: float) -> dict[str, Any]:
+        return self.ask(agent.TAKE_STATS, timeout)
+
+    def ask(self, question: int, timeout: float) -> dict[str, Any]:
+        """One question about this rank to its host's agent, and its answer."""
+        answer = agent.ANSWERS[question]
+        self.answered[answer].clear()
         try:
-            self.host.send(self.run, agent.DUMP_STACKS, b"")
+            self.host.send(self.run, question, b"")
         except (OSError, paramiko.SSHException) as exc:
             return {"error": f"cannot reach {self.spec.host.name}: {exc}"}
-        if not self.stacks_ready.wait(timeout) or self.stacks is None:
+        if not self.answered[answer].wait(timeout) or answer not in self.answers:
             return {"error": f"no answer from {self.spec.host.name} within {timeout:g} s"}
-        return self.stacks
+        return self.answers.pop(answer)
 
     def receive(self, kind: int, payload: bytes) -> None:
         if kind in (agent.STDOUT, agent.STDERR):
@@ -743,9 +751,9 @@ class AgentProcess:
             self.finish(127)
         elif kind == agent.EXITED:
             self.finish(int(payload))
-        elif kind == agent.STACKS_DUMPED:
-            self.stacks = json.loads(payload)
-            self.stacks_ready.set()
+        elif kind in self.answered:
+            self.answers[kind] = json.loads(payload)
+            self.answered[kind].set()
 
     def finish(self, code: int) -> None:
         for stream in ("stdout", "stderr"):

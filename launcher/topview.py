@@ -1,0 +1,70 @@
+"""``dtrain top``: a running job's ranks, live (view layer).
+
+Each refresh asks the job's launcher for every rank's figures (it gathers them
+where the ranks run); CPU % is the CPU time a rank's processes used between two
+refreshes, over the time between them on that host's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def rows_between(
+    before: Mapping[int, Mapping[str, Any]], after: Mapping[int, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """One row per rank of ``after``, with CPU % measured since ``before``."""
+    rows = []
+    for rank in sorted(after):
+        now, then = after[rank], before.get(rank, {})
+        cpu = None
+        if "cpu_s" in now and "cpu_s" in then and now["time"] > then["time"]:
+            cpu = round(100 * (now["cpu_s"] - then["cpu_s"]) / (now["time"] - then["time"]), 1)
+        status = now.get("status")
+        rows.append(
+            {
+                "rank": rank,
+                "host": now.get("host"),
+                "role": now.get("role"),
+                "pid": now.get("pid"),
+                "state": "running" if status is None else f"exited {status}",
+                "cpu_percent": cpu,
+                "rss_mib": round(now["rss"] / 2**20, 1) if "rss" in now else None,
+                "gpu_mib": now.get("gpu_mib"),
+                "silent_s": now.get("silent_s"),
+                "last_line": now.get("last_line", ""),
+                **({"error": now["error"]} if "error" in now else {}),
+            }
+        )
+    return rows
+
+
+def top_table(job_id: str, rows: list[dict[str, Any]]) -> Any:
+    """The rows as a rich table (the last line takes what width is left)."""
+    from rich.table import Table
+
+    table = Table(title=f"dtrain top: job {job_id}", title_justify="left", expand=True)
+    for name, justify in (
+        ("rank", "right"), ("host", "left"), ("pid", "right"), ("state", "left"),
+        ("cpu %", "right"), ("rss MiB", "right"), ("gpu MiB", "right"), ("quiet s", "right"),
+    ):  # fmt: skip
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    table.add_column("last line", overflow="ellipsis", no_wrap=True, ratio=1)
+    for row in rows:
+        table.add_row(
+            str(row["rank"]),
+            str(row["host"]),
+            str(row["pid"] or "-"),
+            row["state"],
+            shown(row["cpu_percent"]),
+            shown(row["rss_mib"]),
+            shown(row["gpu_mib"]),
+            shown(row["silent_s"]),
+            row.get("error") or row["last_line"],
+        )
+    return table
+
+
+def shown(value: object) -> str:
+    return "-" if value is None else str(value)
