@@ -23,6 +23,7 @@ TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "task", "time")
 MapBy = Literal["slot", "node"]
 PerNode = Literal["auto", "gpu", "cpu"]
 BindTo = Literal["none", "core", "socket"]
+TransportName = Literal["auto", "ssh", "slurm"]
 Framework = Literal["tf", "torch"]
 OnHang = Literal["fail", "dump"]
 
@@ -49,6 +50,7 @@ class PlacementConfig:
     min_np: int | None = None  # a restart may shrink the job to this many ranks...
     max_np: int | None = None  # ...and grow it back up to this many
     host_discovery_script: str | None = None  # prints the hosts (host:slots lines)
+    transport: TransportName = "auto"  # auto: srun inside a Slurm allocation, else ssh
     blacklist_cooldown_s: float | None = None  # a failed host may come back after this
     report_bindings: bool = False  # say where each rank runs and on which CPUs/GPUs
 

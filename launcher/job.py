@@ -76,6 +76,7 @@ from launcher.survey import (
     read_hosts,
     read_text,
     shorthand_notice,
+    slurm_allocation,
     survey_hosts,
 )
 from launcher.transport.base import RoutedTransport, Transport
@@ -151,6 +152,9 @@ def run_job(
 ) -> JobOutcome:
     """Validate, resolve what the whole job shares, then run its attempt."""
     config = validate_config(with_hostfile_shorthand(config, frontend))
+    allocation = slurm_allocation(config, environ)
+    if allocation is not None:
+        frontend.notice(f"dtrain: {allocation.describe()}; ranks start through srun")
     files = [(path, read_text(path, "--env-file")) for path in config.env.env_files]
     extra = resolve_env_args(config.env.exports, files, environ)
     job_id = config.job_id or new_job_id()
@@ -581,7 +585,7 @@ def plan_job(
     the survey knows where to go).
     """
     if config.ps is not None:
-        return plan_parameter_servers(config)
+        return plan_parameter_servers(config, environ)
     placement = config.placement
     per_node = placement.nproc_per_node
     default_slots = placement.np or (per_node if isinstance(per_node, int) else None)
@@ -589,10 +593,7 @@ def plan_job(
     if default_slots is None and not placement.hosts_given:
         # One rank per local GPU, as torchrun's --nproc-per-node gpu; else one.
         default_slots = len(local_gpus) or 1
-    if placement.host_discovery_script is not None:
-        hosts = discover_hosts(placement.host_discovery_script)
-    else:
-        hosts = read_hosts(placement.host_lists, placement.hostfile, default_slots)
+    hosts = job_hosts(config, environ, default_slots)
     hosts = select_hosts(hosts, placement.nnodes, placement.include, placement.exclude)
     hosts = healthy_hosts(hosts, excluded)
     np = placement.np
@@ -628,14 +629,28 @@ def healthy_hosts(hosts: Sequence[Host], excluded: Collection[str]) -> list[Host
     return left
 
 
-def plan_parameter_servers(config: JobConfig) -> Plan:
+def job_hosts(
+    config: JobConfig, environ: Mapping[str, str], default_slots: int | None
+) -> list[Host]:
+    """The hosts: the discovery script's, -H/--hostfile, the Slurm allocation's, or localhost."""
+    placement = config.placement
+    if placement.host_discovery_script is not None:
+        return discover_hosts(placement.host_discovery_script)
+    allocation = slurm_allocation(config, environ)
+    if allocation is not None and not placement.hosts_given:
+        return list(allocation.hosts)
+    return read_hosts(placement.host_lists, placement.hostfile, default_slots)
+
+
+def plan_parameter_servers(config: JobConfig, environ: Mapping[str, str]) -> Plan:
     """``dtrain ps`` placement from -H/--hostfile and the optional role host lists."""
     ps, placement = config.ps, config.placement
     assert ps is not None
-    hosts = read_hosts(placement.host_lists, placement.hostfile, ps.workers)
+    hosts = job_hosts(config, environ, ps.workers)
     ps_hosts = parse_host_list(ps.ps_hosts, "--ps-hosts") if ps.ps_hosts else None
     worker_hosts = parse_host_list(ps.worker_hosts, "--worker-hosts") if ps.worker_hosts else None
-    if worker_hosts is None and not placement.hosts_given:
+    from_slurm = slurm_allocation(config, environ) is not None
+    if worker_hosts is None and not placement.hosts_given and not from_slurm:
         hosts = [replace(hosts[0], slots=ps.workers)]
     return plan_ps(
         hosts,

@@ -250,6 +250,20 @@ limit_options = stacked(
         metavar="SECONDS",
     ),
 )
+transport_option = option(
+    "--transport",
+    "How ranks start on other hosts: ssh, or slurm (srun, inside an allocation; the default "
+    "there when no -H/--hostfile is given).",
+    type=click.Choice(["auto", "ssh", "slurm"]),
+    default="auto",
+    show_default=True,
+)
 job_options = stacked(
-    host_options, rank_options, restart_options, limit_options, view_options, ssh_options
+    host_options,
+    transport_option,
+    rank_options,
+    restart_options,
+    limit_options,
+    view_options,
+    ssh_options,
 )

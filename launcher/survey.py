@@ -29,6 +29,7 @@ from launcher.plan import Cpu, Plan
 from launcher.remote.probe import cpus as probe_cpus
 from launcher.specs import Site
 from launcher.transport.local import detect_local_gpus, find_free_ports, is_local_address
+from launcher.transport.slurm import Allocation
 
 if TYPE_CHECKING:
     from launcher.transport.ssh import HostReport
@@ -48,6 +49,24 @@ def read_text(path: str, what: str) -> str:
         raise UsageError(f"{what} {path}: no such file", "check the path") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{what} {path}: cannot read it: {exc}", "check the file") from None
+
+
+def slurm_allocation(config: JobConfig, environ: Mapping[str, str]) -> Allocation | None:
+    """The Slurm allocation whose nodes the job runs on through srun (None: not so)."""
+    from launcher.transport.slurm import allocation_from
+
+    placement = config.placement
+    if placement.transport == "ssh":
+        return None
+    allocation = allocation_from(environ)
+    if placement.transport == "slurm" and allocation is None:
+        raise UsageError(
+            "--transport slurm: not inside a Slurm allocation (SLURM_JOB_ID is not set)",
+            "run dtrain inside salloc or an sbatch script, or use --transport ssh",
+        )
+    if placement.transport == "auto" and (placement.hosts_given or placement.host_discovery_script):
+        return None  # hosts of your own: reached over ssh unless --transport slurm
+    return allocation
 
 
 def read_hosts(
@@ -155,11 +174,13 @@ def ssh_settings(ssh: SshConfig) -> Any:
 def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], workdir: str) -> Survey:
     """Decide local or remote by address; connect to and probe remote hosts (not in dry runs);
     the program and working directory are checked on every remote host."""
-    local = {h.name: is_local_address(h.name) for h in plan.hosts}
+    through_slurm = slurm_allocation(config, environ) is not None
+    # Through Slurm, every node is started by srun, this machine's too (Slurm sees every step).
+    local = {h.name: not through_slurm and is_local_address(h.name) for h in plan.hosts}
     remote_hosts = [h for h in plan.hosts if not local[h.name]]
     settings: Any = None
     ssh_config: Any = None
-    if remote_hosts:
+    if remote_hosts and not through_slurm:
         from launcher.transport.ssh import load_ssh_config, resolve_target
 
         settings = ssh_settings(config.ssh)
@@ -187,10 +208,9 @@ def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], work
         facts.addresses.update({h.name: h.name for h in remote_hosts})
         survey.site = facts.freeze()
     elif remote_hosts:
-        from launcher.transport.ssh import connect_all
-
-        LOG.debug("connecting to %d host(s) over ssh", len(remote_hosts))
-        survey.connections = connect_all(remote_hosts, settings, ssh_config)
+        survey.connections = open_connections(
+            remote_hosts, through_slurm, settings, ssh_config, environ
+        )
         try:
             probe_remote_hosts(survey, facts, plan, config, environ, workdir, ranks_on)
         except BaseException:
@@ -198,6 +218,25 @@ def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], work
             raise
         survey.site = facts.freeze()
     return survey
+
+
+def open_connections(
+    hosts: Sequence[Host],
+    through_slurm: bool,
+    settings: Any,
+    ssh_config: Any,
+    environ: Mapping[str, str],
+) -> dict[str, Any]:
+    """A way into every host: srun steps inside a Slurm allocation, else SSH connections."""
+    if through_slurm:
+        from launcher.transport.slurm import srun_connections
+
+        LOG.debug("reaching %d node(s) through srun", len(hosts))
+        return dict(srun_connections(hosts, environ))
+    from launcher.transport.ssh import connect_all
+
+    LOG.debug("connecting to %d host(s) over ssh", len(hosts))
+    return dict(connect_all(hosts, settings, ssh_config))
 
 
 @dataclass

@@ -657,7 +657,11 @@ class HostAgent:
                     process.receive(kind, payload)
         except (EOFError, OSError, paramiko.SSHException):
             pass
-        cause = self.lost_cause or f"the connection to {self.connection.host.name} was lost"
+        cause = (
+            self.lost_cause
+            or getattr(self.connection, "lost_cause", None)  # srun: the step ended
+            or f"the connection to {self.connection.host.name} was lost"
+        )
         for process in self.processes.values():
             process.lost(cause)
 

@@ -1,0 +1,127 @@
+"""dtrain inside a real Slurm allocation (one node: this machine): hosts and slots from the
+allocation, ranks started by srun, teardown by Ctrl-C, a failing rank or scancel, with no step
+and no process left.  Also the allocation's variables, parsed."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from launcher.errors import UsageError
+from launcher.hosts import Host
+from launcher.transport.slurm import allocation_from
+from tests.conftest import DTRAIN, REPO, child_env, wait_for_pids, wait_until_gone
+from tests.slurmlocal import OneNodeSlurm, unavailable_reason
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.mark.parametrize(
+    ("env", "hosts"),
+    [
+        ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "2(x2),1"},
+         [Host("n1", 2), Host("n2", 2), Host("n3", 1)]),
+        ({"SLURM_JOB_ID": "7", "SLURM_NODELIST": "a,b", "SLURM_JOB_CPUS_PER_NODE": "4(x2)"},
+         [Host("a", 4), Host("b", 4)]),
+        ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-02]"}, [Host("gpu01"), Host("gpu02")]),
+    ],
+)  # fmt: skip
+def test_the_allocation_from_slurms_variables(env: dict[str, str], hosts: list[Host]) -> None:
+    allocation = allocation_from(env)
+    assert allocation is not None and list(allocation.hosts) == hosts
+    assert allocation_from({}) is None
+
+
+def test_an_allocation_whose_variables_disagree() -> None:
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    with pytest.raises(UsageError, match="gives 2 counts for 3 nodes"):
+        allocation_from(env)
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[OneNodeSlurm]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = OneNodeSlurm().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@contextlib.contextmanager
+def allocated(slurm: OneNodeSlurm, tasks: int) -> Iterator[dict[str, str]]:
+    """An allocation (salloc --no-shell), as the environment its shell would have; released
+    at the end."""
+    out = slurm.run("salloc", "--no-shell", "-N1", f"-n{tasks}", "--job-name=test")
+    job_id = next(w for w in out.stderr.split() if w.isdigit())
+    env = {**child_env(), "SLURM_CONF": slurm.env()["SLURM_CONF"]}
+    env.update(SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="localhost", SLURM_TASKS_PER_NODE=str(tasks))
+    try:
+        yield env
+    finally:
+        slurm.run("scancel", job_id)
+
+
+def dtrain(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*DTRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=REPO,
+    )  # fmt: skip
+
+
+def test_a_job_inside_an_allocation_runs_through_srun(slurm: OneNodeSlurm, mark: str) -> None:
+    code = "import os; print(*(os.environ.get(v) for v in ('RANK', 'WORLD_SIZE', 'SLURM_STEP_ID')))"
+    with allocated(slurm, 3) as env:
+        proc = dtrain(env, "run", "-x", f"DTRAIN_TEST_MARK={mark}", "python", "-c", code)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert ": 3 task(s) on localhost:3; ranks start through srun" in err
+    fields = sorted(line.split()[1:] for line in out.splitlines())
+    assert [f[:2] for f in fields] == [["0", "3"], ["1", "3"], ["2", "3"]]
+    assert all(f[2].isdigit() for f in fields)  # started by srun: inside a Slurm step
+    assert slurm.steps() == [] and wait_until_gone(mark) == []
+
+
+def test_a_failing_rank_ends_the_step(slurm: OneNodeSlurm, mark: str) -> None:
+    code = "import os, sys, time; time.sleep(0.3); os.environ['RANK'] == '1' and sys.exit(3)"
+    with allocated(slurm, 2) as env:
+        proc = dtrain(
+            env, "run", "-x", f"DTRAIN_TEST_MARK={mark}", "python", "-c", code + "; time.sleep(60)"
+        )
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert "rank 1 on localhost failed (exit code 3); stopped the other 1 rank" in err
+    assert slurm.steps() == [] and wait_until_gone(mark) == []
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "scancel"])
+def test_ctrl_c_and_scancel_leave_nothing(slurm: OneNodeSlurm, mark: str, how: str) -> None:
+    with allocated(slurm, 2) as env:
+        proc = dtrain(env, "run", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "60")
+        wait_for_pids(mark, 2)  # both sleeps run
+        if how == "ctrl-c":
+            proc.send_signal(signal.SIGINT)
+        else:
+            slurm.run("scancel", env["SLURM_JOB_ID"])
+        _, err = proc.communicate(timeout=60)
+    if how == "ctrl-c":
+        assert proc.returncode == 130, err
+    else:
+        assert proc.returncode != 0
+        assert "the srun step on localhost ended (scancel, or the allocation's end)" in err
+    assert wait_until_gone(mark, timeout=15) == []
+    assert [s for s in slurm.steps() if "dtrain-agent" in s] == []
+
+
+def test_transport_slurm_outside_an_allocation_is_refused() -> None:
+    env = {k: v for k, v in child_env().items() if not k.startswith("SLURM_JOB")}
+    proc = dtrain(env, "run", "--transport", "slurm", "true")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert err.startswith("dtrain: error: --transport slurm: not inside a Slurm allocation")
