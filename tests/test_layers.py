@@ -28,7 +28,17 @@ LAYERS = [
         },
     ),
     ("remote", {"remote", "remote.agent", "remote.watchdog", "remote.probe", "remote.tf_server"}),
-    ("effects", {"transport", "transport.base", "transport.local", "transport.ssh", "mpi"}),
+    (
+        "effects",
+        {
+            "transport",
+            "transport.base",
+            "transport.local",
+            "transport.ssh",
+            "transport.slurm",
+            "mpi",
+        },
+    ),
     ("streams", {"logs", "jobs", "outlets"}),
     ("loop", {"clock", "rankrun", "supervisor"}),
     ("job", {"job", "survey", "background", "control"}),
