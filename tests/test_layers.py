@@ -24,6 +24,7 @@ LAYERS = [
             "outcome",
             "specs",
             "collapse",
+            "export",
         },
     ),
     ("remote", {"remote", "remote.agent", "remote.watchdog", "remote.probe", "remote.tf_server"}),
