@@ -28,7 +28,16 @@ from launcher.config import (
 )
 from launcher.dialects import peer_options
 from launcher.errors import LauncherError
-from launcher.options import COUNT, host_options, job_options, option, ssh_options
+from launcher.options import (
+    COUNT,
+    export_options,
+    host_options,
+    job_options,
+    kube_options,
+    option,
+    slurm_options,
+    ssh_options,
+)
 
 if TYPE_CHECKING:
     from launcher.hosts import Host
@@ -492,6 +501,70 @@ def running_job(job: str | None, job_dir: str | None) -> Any:
     if len(running) > 1:
         click.echo(f"dtrain: job {found.id} (the latest of {len(running)} running)", err=True)
     return found
+
+
+@cli.group("export", context_settings=CONTEXT)
+def export_group() -> None:
+    """Write the job for a cluster's scheduler instead of running it (docs/clusters.md).
+
+    \b
+      dtrain export slurm -N 2 --ntasks-per-node 4 python train.py > job.sbatch
+      dtrain export k8s --image IMG -np 8 --gpus-per-rank 1 train.py > job.yaml
+    """
+
+
+@export_group.command("slurm", context_settings=JOB_COMMAND)
+@slurm_options
+@export_options(
+    "when the job runs",
+    "dtrain's choice on the nodes",
+    "Start the whole job again after a failure, at most N times (dtrain run's restarts).",
+)
+@COMMAND
+def export_slurm(**options: Any) -> int:
+    """Print an sbatch script that runs COMMAND with dtrain run, one rank per Slurm task.
+
+    \b
+      dtrain export slurm -N 2 --ntasks-per-node 4 python train.py > job.sbatch
+      dtrain export slurm -N 2 --ntasks-per-node 4 --gpus-per-rank 1 -t 2h train.py
+      sbatch job.sbatch
+    """
+    from launcher.export import render_sbatch, slurm_config
+
+    click.echo(render_sbatch(*slurm_config(options)), nl=False)
+    return 0
+
+
+@export_group.command("k8s", context_settings=JOB_COMMAND)
+@kube_options
+@export_options(
+    "now, into the manifest",
+    "python3",
+    "The operator's retries before the job fails (runPolicy.backoffLimit).",
+)
+@COMMAND
+def export_k8s(**options: Any) -> int:
+    """Print a Kubeflow manifest (PyTorchJob, TFJob, MPIJob) that runs COMMAND.
+
+    \b
+      dtrain export k8s --image IMG -np 8 --gpus-per-rank 1 train.py > job.yaml
+      dtrain export k8s --image IMG --nnodes 2 --nproc-per-node 4 python train.py
+      dtrain export k8s --kind tfjob --workers 3 --ps 1 --image IMG train.py
+      dtrain export k8s --kind mpijob --image IMG -np 8 python train.py
+      kubectl apply -f job.yaml
+    """
+    from launcher.env import resolve_env_args
+    from launcher.export import kube_config, plain_values_notice, render_manifest
+    from launcher.survey import read_text
+
+    config, kube = kube_config(options)
+    files = [(path, read_text(path, "--env-file")) for path in config.env.env_files]
+    env = resolve_env_args(config.env.exports, files, os.environ)
+    click.echo(render_manifest(config, kube, env), nl=False)
+    notice = plain_values_notice(env)
+    if notice is not None:
+        click.echo(notice, err=True)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -267,3 +267,125 @@ job_options = stacked(
     view_options,
     ssh_options,
 )
+
+
+job_options = stacked(host_options, rank_options, restart_options, view_options, ssh_options)
+
+
+# dtrain export: the job written for a cluster's scheduler (a Slurm script, a Kubeflow manifest).
+def export_options(when: str, python: str, restarts: str) -> Decorator:
+    """The flags ``dtrain run`` also has; ``when`` says when variables are read, ``python``
+    the default interpreter, ``restarts`` what --max-restarts becomes."""
+    return stacked(
+        option(
+            "-x exports",
+            f"A variable for every rank; NAME alone copies it {when}.",
+            multiple=True,
+            metavar="NAME[=VALUE]",
+        ),
+        option(
+            "--env-file env_files",
+            f"Variables for every rank, dotenv syntax, read {when} (repeatable).",
+            multiple=True,
+            metavar="FILE",
+        ),
+        option("--gpus-per-rank", "GPUs for each rank.", type=click.IntRange(1), metavar="K"),
+        option("--workdir", "Working directory of the ranks.", metavar="DIR"),
+        option(
+            "--python",
+            f"Interpreter for a Python script COMMAND (default: {python}).",
+            metavar="PATH",
+        ),
+        option("--no-python", "Run COMMAND as given, even train.py.", is_flag=True),
+        option("-m --module", "COMMAND is a Python module: run python -m COMMAND.", is_flag=True),
+        option("--max-restarts", restarts, type=click.IntRange(0), default=0, **COUNT),
+    )
+
+
+slurm_options = stacked(
+    option(
+        "-np --np np",
+        "Number of ranks, one per Slurm task (default: nodes x tasks per node).",
+        type=int,
+        metavar="N",
+    ),
+    option("-N --nodes --nnodes nnodes", "Number of nodes.", type=int, metavar="N"),
+    option("--ntasks-per-node --nproc-per-node nproc_per_node", "Ranks on each node.", metavar="K"),
+    option("-t --time", "Time limit: minutes, H:MM:SS, D-HH, or 30m, 12h, 2d.", metavar="LIMIT"),
+    option("-p --partition", "Slurm partition.", metavar="NAME"),
+    option("-A --account", "Slurm account to charge.", metavar="NAME"),
+    option("-J --job-name name", "Job name (default: after the program).", metavar="NAME"),
+    option("-o --output", "Slurm's output file (default: NAME-%j.out).", metavar="FILE"),
+    option(
+        "--sbatch",
+        "Another sbatch option for the script, e.g. --sbatch=--mem=64G (repeatable).",
+        multiple=True,
+        metavar="OPTION",
+    ),
+    option(
+        "--dtrain",
+        "How the nodes start dtrain.",
+        default="dtrain",
+        show_default=True,
+        metavar="COMMAND",
+    ),
+    option("--tf tf_config", "Set TF_CONFIG with every rank a worker.", is_flag=True),
+    option("--checkpoint-dir", "DTRAIN_CHECKPOINT_DIR of every rank.", metavar="DIR"),
+)
+
+
+# launcher.export's KINDS and RESTART_POLICIES (a test checks they agree): importing it here
+# would slow every dtrain start.
+KUBE_KINDS = ("pytorchjob", "tfjob", "mpijob")
+KUBE_RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
+
+
+def kube_options(command: F) -> F:
+    """``dtrain export k8s``'s flags."""
+    return stacked(
+        option(
+            "--kind",
+            "The Kubeflow job: pytorchjob, tfjob or mpijob.",
+            type=click.Choice(KUBE_KINDS, case_sensitive=False),
+            default="pytorchjob",
+            show_default=True,
+        ),
+        option("--image", "Container image with the program.", required=True, metavar="IMAGE"),
+        option(
+            "-np --np np",
+            "Number of ranks (PyTorchJob: a pod each; TFJob: workers; MPIJob: mpirun -np).",
+            type=int,
+            metavar="N",
+        ),
+        option(
+            "--nproc-per-node",
+            "Ranks per pod: PyTorchJob runs torchrun in each pod; MPIJob: slots per worker.",
+            metavar="K",
+        ),
+        option("--nnodes", "Number of pods (with --nproc-per-node).", type=int, metavar="N"),
+        option("--workers", "TFJob: worker tasks.", type=click.IntRange(1), metavar="N"),
+        option(
+            "--ps ps_tasks",
+            "TFJob: parameter-server tasks (and a chief).",
+            type=click.IntRange(0),
+            default=0,
+            **COUNT,
+        ),
+        option("--evaluator", "TFJob: add an evaluator task.", is_flag=True),
+        option("--ps-gpus", "TFJob: ps tasks get GPUs too.", is_flag=True),
+        option("--name", "Job name (default: after the program).", metavar="NAME"),
+        option("--namespace", "Namespace (default: kubectl's current one).", metavar="NS"),
+        option(
+            "--secret secrets",
+            "Variable VAR from key KEY (default VAR) of Kubernetes secret SECRET (default: the "
+            "job's name). Repeatable.",
+            multiple=True,
+            metavar="VAR[=SECRET[:KEY]]",
+        ),
+        option(
+            "--restart-policy",
+            "Never (default), OnFailure (default with --max-restarts), Always, ExitCode.",
+            type=click.Choice(KUBE_RESTART_POLICIES, case_sensitive=False),
+            metavar="POLICY",
+        ),
+    )(command)

@@ -25,6 +25,7 @@ LAYERS = [
             "specs",
             "stacks",
             "collapse",
+            "export",
         },
     ),
     ("remote", {"remote", "remote.agent", "remote.watchdog", "remote.probe", "remote.tf_server"}),
