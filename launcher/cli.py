@@ -322,6 +322,8 @@ JOB_DIR_OPTION = click.option(
     metavar="K",
     help="Only attempt K of a job that restarted (0: the first).",
 )
+@click.option("-n", "--tail", type=click.IntRange(0), metavar="N", help="Only the last N lines.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @JOB_DIR_OPTION
 def logs(
     job: str | None,
@@ -331,16 +333,19 @@ def logs(
     since: str | None,
     pattern: str | None,
     attempt: int | None,
+    tail: int | None,
+    as_json: bool,
     job_dir: str | None,
 ) -> int:
     """Show a job's logs (default: the latest job; with -f the running one), merged by time,
-    tagged by rank."""
-    from launcher.console import LogView
+    tagged by rank, then how the job ended."""
+    from launcher.console import LogView, format_ending
     from launcher.jobs import (
         LogQuery,
         find_job,
         jobs_root,
         parse_duration,
+        recorded_result,
         running_jobs,
         select_lines,
     )
@@ -358,9 +363,16 @@ def logs(
     if running:  # -f without a job: the running one (the latest started), said so
         several = f" (the latest of {len(running)} running)" if len(running) > 1 else ""
         click.echo(f"dtrain: following job {found.id}{several}", err=True)
-    view = LogView(found.recorded_specs(), sys.stdout)
-    for line in select_lines(found, view.specs, query, follow):
-        view.show_line(line)
+    view = LogView(found.recorded_specs(), sys.stdout, as_json)
+    skip = 0
+    if tail is not None:  # the backlog's last N lines (then, with -f, what comes)
+        skip = max(0, sum(1 for _ in select_lines(found, view.specs, query, False)) - tail)
+    for index, line in enumerate(select_lines(found, view.specs, query, follow)):
+        if index >= skip:
+            view.show_line(line)
+    if not as_json:
+        for text in format_ending(found.id, found.state(), recorded_result(found)):
+            click.echo(text, err=True)
     if not follow:
         return 0
     return int(found.status().get("exit_code") or 0) if found.state() != "lost" else 1

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Any, TextIO
 
 from launcher.command import LaunchSpec
-from launcher.config import ViewConfig
+from launcher.config import ViewConfig, parse_ranks
 from launcher.errors import LauncherError
 from launcher.hosts import Host
 from launcher.jobs import JobSummary, LogLine
@@ -29,9 +29,10 @@ ROLE_TAG = "[{role}{task}]"  # parameter-server jobs: [worker1], [ps0]; the chie
 ROLE_HOST_TAG = "[{role}{task}@{host}]"
 
 
-def default_tag(roles: Iterable[str], hosts: Iterable[str]) -> str:
-    """The tag of a job's lines: rank (and host when several), or role and task in ps jobs."""
-    several_hosts = len(set(hosts)) > 1
+def default_tag(roles: Iterable[str], hosts: Iterable[str], remote: bool = False) -> str:
+    """The tag of a job's lines: rank (and host when several, or when any is not this
+    machine), or role and task in ps jobs."""
+    several_hosts = len(set(hosts)) > 1 or remote
     if any(role != "worker" for role in roles):
         return ROLE_HOST_TAG if several_hosts else ROLE_TAG
     return HOST_TAG if several_hosts else DEFAULT_TAG
@@ -50,6 +51,7 @@ RANK_COLORS = (
     "bright_blue",
 )
 STDERR_MARK = "<stderr>"
+BAR_EVERY_S = 1.0  # a piped view shows a rank's progress bar at most this often
 
 
 class LineView:
@@ -74,6 +76,7 @@ class LineView:
         self.prefixes: dict[tuple[int, Stream], str] = {}
         self.broken: set[TextIO] = set()
         self.announced: dict[int, int] = {}  # rank -> the restart last announced
+        self.bar_shown: dict[tuple[int, Stream], float] = {}  # when a progress state was shown
 
     def update(self, state: RankState) -> None:
         """Rank states are not shown line by line, but a restart is announced (once)."""
@@ -95,6 +98,10 @@ class LineView:
         file = self.files[stream]
         if file in self.broken:
             return
+        if any(line.endswith(b"\r") for line in lines):
+            lines = self.thin_bars((spec.rank, stream), lines)
+            if not lines:
+                return
         marker = ("\n" + prefix).encode()
         block = marker[1:] + marker.join(lines) + b"\n"
         if b"\r" in block:  # progress markers to drop: the slower, per-line way
@@ -106,6 +113,21 @@ class LineView:
         except BrokenPipeError:
             # The reader went away (`| head`): the job goes on, its output no longer shown.
             self.broken.add(file)
+
+    def thin_bars(self, key: tuple[int, Stream], lines: list[bytes]) -> list[bytes]:
+        """Progress-bar states (lines a bare ``\\r`` ends) at most once a second per rank, so a
+        piped log is not mostly bar states; the line that ends a bar always shows."""
+        kept = []
+        for line in lines:
+            if line == b"\r":
+                continue  # a carriage return before the first state: nothing to show
+            if line.endswith(b"\r"):
+                now = self.clock()
+                if now - self.bar_shown.get(key, float("-inf")) < BAR_EVERY_S:
+                    continue
+                self.bar_shown[key] = now
+            kept.append(line)
+        return kept
 
     def prefix(self, spec: LaunchSpec, stream: Stream) -> str:
         key = (spec.rank, stream)
@@ -188,6 +210,8 @@ def format_failure(result: JobResult) -> list[str]:
             what = f"failed ({failure.cause})"
         elif failure.role == "ps" and failure.status == 0:
             what = "exited (exit code 0) while the job ran: a ps task must not end"
+        elif failure.status == -9:  # not dtrain's: the OOM killer, most often
+            what = f"failed (killed by SIGKILL: out of memory? see dmesg on {failure.host})"
         else:
             what = f"failed ({describe_status(failure.status)})"
         who = f"rank {failure.rank}{role} on {failure.host}"
@@ -416,15 +440,32 @@ class QuietView:
 
 
 class RankFilter:
-    """``--ranks 0,3``: only these ranks reach the terminal."""
+    """``--ranks 0,3``, ``--local-ranks 0``, torchrun's ``--redirects 1|2``: only these ranks
+    (or local ranks), and these streams, reach the terminal."""
 
-    def __init__(self, view: Any, ranks: set[int]) -> None:
+    def __init__(
+        self,
+        view: Any,
+        ranks: set[int] | None = None,
+        local_ranks: set[int] | None = None,
+        hide: Iterable[str] = (),
+    ) -> None:
         self.view = view
         self.ranks = ranks
+        self.local_ranks = local_ranks
+        self.hide = set(hide)
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        if spec.rank in self.ranks or spec.label:
+        if spec.label:  # mpirun's own lines
             self.view.show(spec, stream, lines)
+            return
+        if stream in self.hide:
+            return
+        if self.ranks is not None and spec.rank not in self.ranks:
+            return
+        if self.local_ranks is not None and spec.local_rank not in self.local_ranks:
+            return
+        self.view.show(spec, stream, lines)
 
     def update(self, state: RankState) -> None:
         self.view.update(state)
@@ -497,7 +538,8 @@ class LiveView:
     def status_text(self) -> str:
         states = list(self.states.values())  # rich's refresh thread calls this too
         running = sum(1 for s in states if s.status is None)
-        failed = sum(1 for s in states if s.status not in (None, 0))
+        stopped = sum(1 for s in states if s.status is not None and s.stopped)
+        failed = sum(1 for s in states if s.status not in (None, 0) and not s.stopped)
         exited = sum(1 for s in states if s.status is not None)
         hosts: dict[str, list[int]] = {}
         for s in states:
@@ -509,7 +551,7 @@ class LiveView:
         restarts = sum(s.restarts for s in states)
         return (
             f"dtrain {self.job_id}: {running}/{self.world_size} running  {per_host}  "
-            f"exited {exited} (failed {failed})  restarts {restarts}  "
+            f"exited {exited} (failed {failed}, stopped {stopped})  restarts {restarts}  "
             f"{elapsed // 3600:02d}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
         )
 
@@ -529,30 +571,59 @@ class TerminalFrontend:
         self.out = out
         self.err = err
 
-    def open_view(self, job_id: str, plan: Plan) -> tuple[OutputSink, AbstractContextManager[Any]]:
+    def open_view(
+        self, job_id: str, plan: Plan, remote: bool = False
+    ) -> tuple[OutputSink, AbstractContextManager[Any]]:
         if not self.config.as_json:
             self.notice(
                 f"dtrain: job {job_id} ({plan.world_size} ranks); logs: dtrain logs {job_id}"
             )
-        tag = default_tag((r.role for r in plan.ranks), (h.name for h in plan.hosts))
-        return make_view(self.config, job_id, plan.world_size, tag, self.out, self.err)
+        tag = default_tag((r.role for r in plan.ranks), (h.name for h in plan.hosts), remote)
+        view, showing = make_view(self.config, job_id, plan.world_size, tag, self.out, self.err)
+        self.live = showing if isinstance(showing, LiveView) else None
+        return view, showing
 
     def notice(self, text: str) -> None:
+        live = getattr(self, "live", None)
+        if live is not None and live.live is not None and live.live.is_started:
+            live.console.print(text, highlight=False, markup=False, soft_wrap=True)
+            return  # above the live area, which stays whole
         self.err.write(text + "\n")
         self.err.flush()
 
 
 class LogView:
-    """``dtrain logs``: a recorded job's lines, tagged as they were when it ran."""
+    """``dtrain logs``: a recorded job's lines, tagged as they were when it ran (or JSON)."""
 
-    def __init__(self, specs: Mapping[int, LaunchSpec], out: TextIO) -> None:
+    def __init__(self, specs: Mapping[int, LaunchSpec], out: TextIO, as_json: bool = False) -> None:
         self.specs = specs
         tag = default_tag((s.role for s in specs.values()), (s.host.name for s in specs.values()))
-        self.view = LineView(out, out, tag_format=tag)
+        self.view: LineView | JsonLinesView = LineView(out, out, tag_format=tag)
+        if as_json:
+            self.view = JsonLinesView(out)
 
     def show_line(self, line: LogLine) -> None:
         spec = self.specs.get(line.rank) or LaunchSpec(line.rank, Host("?"), 0, (), {})
+        if isinstance(self.view, JsonLinesView):
+            self.view.clock = lambda: line.time  # the line's own time, not now
         self.view.show(spec, line.stream, [line.text])
+
+
+def format_ending(job_id: str, state: str, result: JobResult | None) -> list[str]:
+    """How a recorded job ended, as the launcher said it (``dtrain logs``' last lines)."""
+    if state in ("running", "starting", "restarting"):
+        return [f"dtrain: job {job_id} is still running (dtrain logs -f {job_id} follows it)"]
+    if state == "lost":
+        return [f"dtrain: job {job_id} was lost: its launcher died without recording an end"]
+    if result is None:
+        return [f"dtrain: job {job_id} {state}"]
+    if result.exit_code == 0:
+        return [
+            f"dtrain: job {job_id} succeeded ({result.world_size} ranks, {result.elapsed_s:.1f} s)"
+        ]
+    return format_failure(result) or [
+        f"dtrain: job {job_id} {state} (exit code {result.exit_code})"
+    ]
 
 
 def make_view(
@@ -578,9 +649,10 @@ def make_view(
         view, showing = live, live
     else:
         view = line_view
-    ranks = config.rank_set
-    if ranks is not None:
-        view = RankFilter(view, set(ranks))
+    ranks, local = config.rank_set, config.local_ranks
+    if ranks is not None or local is not None or config.hide:
+        local_set = set(parse_ranks(local, "--local-ranks")) if local is not None else None
+        view = RankFilter(view, set(ranks) if ranks is not None else None, local_set, config.hide)
     return view, showing
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -93,8 +94,11 @@ MPI4PY_WARNING = (
 class Frontend(Protocol):
     """The terminal, as the edge gives it to the job (the job layer never prints)."""
 
-    def open_view(self, job_id: str, plan: Plan) -> tuple[OutputSink, AbstractContextManager[Any]]:
-        """The sink for this job's output and states, and the context that shows it."""
+    def open_view(
+        self, job_id: str, plan: Plan, remote: bool = False
+    ) -> tuple[OutputSink, AbstractContextManager[Any]]:
+        """The sink for this job's output and states, and the context that shows it;
+        ``remote``: some rank runs on another machine (tags name the host)."""
         ...
 
     def notice(self, text: str) -> None:
@@ -155,6 +159,9 @@ def run_job(
     allocation = slurm_allocation(config, environ)
     if allocation is not None:
         frontend.notice(f"dtrain: {allocation.describe()}; ranks start through srun")
+    note = interpreter_note(config.command, environ)
+    if note:
+        frontend.notice(note)
     files = [(path, read_text(path, "--env-file")) for path in config.env.env_files]
     extra = resolve_env_args(config.env.exports, files, environ)
     job_id = config.job_id or new_job_id()
@@ -288,6 +295,22 @@ def host_names(plan: Plan) -> list[str]:
     return [h.name for h in plan.hosts]
 
 
+def interpreter_note(command: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """``python ...`` from a virtual environment that is not first on PATH: the ranks get
+    PATH's python, not the environment's (a classic surprise): say which."""
+    if not command or command[0] not in ("python", "python3") or sys.prefix == sys.base_prefix:
+        return None
+    found = shutil.which(command[0], path=environ.get("PATH"))
+    ours = Path(sys.executable).parent
+    if found is None or Path(found).parent.resolve() == ours.resolve():
+        return None
+    return (
+        f"dtrain: note: the ranks' {command[0]} is {found} (first on PATH), not the one of "
+        f"the virtual environment dtrain runs from ({ours}); activate it, or run the script "
+        "without 'python' to use dtrain's"
+    )
+
+
 def restart_notice(result: JobResult, after: RestartAfter, max_restarts: int) -> str:
     failure = result.failure
     what = (
@@ -374,9 +397,10 @@ class Attempt:
             # A standing cluster's chief is the user's coordinator: not started here.
             started = [s for s in specs if not (config.standing_cluster and s.role == "chief")]
             port = int(specs[0].env["MASTER_PORT"])
-            result = self.supervise(plan, specs, started, transport)
-            remote = result.failed_hosts & surveyed.site.remote_hosts  # never this machine
-            return Finished(result, port, remote)
+            remote = bool(surveyed.site.remote_hosts)
+            result = self.supervise(plan, specs, started, transport, remote=remote)
+            failed = result.failed_hosts & surveyed.site.remote_hosts  # never this machine
+            return Finished(result, port, failed)
         finally:
             surveyed.close()
 
@@ -388,7 +412,9 @@ class Attempt:
                     describe_specs(specs), launch.argv, launch.hostfile_text, launch.spec.env
                 )
             transport = self.transports(None, self.config, self.environ)
-            return Finished(self.supervise(plan, specs, [launch.spec], transport, launch.spec))
+            remote = bool(surveyed.site.remote_hosts)
+            result = self.supervise(plan, specs, [launch.spec], transport, launch.spec, remote)
+            return Finished(result)
 
     def supervise(
         self,
@@ -397,6 +423,7 @@ class Attempt:
         started: Sequence[LaunchSpec],
         transport: Transport,
         mpi_launcher: LaunchSpec | None = None,
+        remote: bool = False,
     ) -> JobResult:
         """Run ``started`` under the supervisor; the job directory records, the view shows."""
         config = self.config
@@ -412,7 +439,7 @@ class Attempt:
             )
         if config.standing_cluster:
             self.announce_cluster(job, specs)
-        view, showing = self.frontend.open_view(self.job_id, plan)
+        view, showing = self.frontend.open_view(self.job_id, plan, remote=remote)
         journal: OutputSink = recorder
         if mpi_launcher is not None:  # mpirun's tagged lines, split back per rank for each sink
             journal = mpi_output = MpiOutput(recorder, rank_specs(plan, specs[0]), mpi_launcher)
@@ -425,24 +452,7 @@ class Attempt:
             on_drop=self.report_drops,
         )
         output = Fanout([Outlet(journal, name="job directory"), view_outlet])
-        tf_ps = config.tf_ps and mpi_launcher is None
-        supervisor = Supervisor(
-            started,
-            transport,
-            output,
-            grace_s=config.grace_s,
-            clock=self.clock,
-            output_dir=self.output_dir,
-            roles={s.rank: s.role for s in started} if tf_ps else None,
-            worker_restarts=config.ps.restart_workers if config.ps is not None else 0,
-            limits=TimeLimits(
-                hang_s=config.hang_timeout_s,
-                fail_on_hang=config.on_hang == "fail",
-                start_s=config.start_timeout_s,
-                total_s=config.time_limit_s,
-                on_hang=lambda dumps: self.report_hang(job, dumps, plan.world_size),
-            ),
-        )
+        supervisor = self.make_supervisor(job, plan, started, transport, output, mpi_launcher)
         showing.__enter__()
         result: JobResult | None = None
         control = open_control(job, supervisor)
@@ -470,6 +480,36 @@ class Attempt:
                 f"went on without it: dtrain logs {self.job_id} shows every line"
             )
         return result
+
+    def make_supervisor(
+        self,
+        job: JobDir,
+        plan: Plan,
+        started: Sequence[LaunchSpec],
+        transport: Transport,
+        output: Fanout,
+        mpi_launcher: LaunchSpec | None,
+    ) -> Supervisor:
+        config = self.config
+        tf_ps = config.tf_ps and mpi_launcher is None
+        return Supervisor(
+            started,
+            transport,
+            output,
+            grace_s=config.grace_s,
+            clock=self.clock,
+            output_dir=self.output_dir,
+            roles={s.rank: s.role for s in started} if tf_ps else None,
+            worker_restarts=config.ps.restart_workers if config.ps is not None else 0,
+            limits=TimeLimits(
+                hang_s=config.hang_timeout_s,
+                fail_on_hang=config.on_hang == "fail",
+                start_s=config.start_timeout_s,
+                total_s=config.time_limit_s,
+                on_hang=lambda dumps: self.report_hang(job, dumps, plan.world_size),
+            ),
+            on_stopping=self.frontend.notice,
+        )
 
     def record_end(self, outcome: JobOutcome) -> None:
         """The job ends with this attempt after all (a restart that could not be): its state

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, cast
 from launcher.command import LaunchSpec
 from launcher.errors import UsageError
 from launcher.hosts import Host
-from launcher.outcome import JobResult, RankState, Stream
+from launcher.outcome import JobResult, RankReport, RankState, Stream
 
 DEFAULT_ROOT = Path("~/.dtrain/jobs")
 STOP_MARK = "stop-requested"  # dtrain stop leaves it: the job ends as "stopped"
@@ -232,6 +232,7 @@ class JobRecorder:
         self.launcher_pid = os.getpid()
         self.launcher_start = process_start(self.launcher_pid)
         self.started = clock()
+        self.result: dict[str, Any] | None = None  # how it ended, for dtrain logs' summary
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         if self.failed:
@@ -277,6 +278,7 @@ class JobRecorder:
                 "started": self.started,
                 "updated": self.clock(),
                 "ranks": {str(r): asdict(s) for r, s in sorted(self.ranks.items())},
+                **({"result": self.result} if self.result is not None else {}),
             },
         )
 
@@ -307,10 +309,39 @@ class JobRecorder:
             state = "interrupted"
         else:
             state = "failed"
+        self.result = result_record(result)
         try:
             self.write_status(state, result.exit_code)
         except OSError:
             pass  # a full disk: the job's end is still the launcher's exit code
+
+
+def result_record(result: JobResult) -> dict[str, Any]:
+    """A job's result as JSON values (status.json keeps it for ``dtrain logs``)."""
+    record = asdict(result)
+    record.pop("statuses", None)
+    record["failed_hosts"] = sorted(result.failed_hosts)
+    return record
+
+
+def recorded_result(job: JobDir) -> JobResult | None:
+    """The result a finished job recorded (None: still running, or an older dtrain's)."""
+    record = job.status().get("result")
+    if not isinstance(record, dict):
+        return None
+    failure = record.get("failure")
+    try:
+        return JobResult(
+            **{
+                **record,
+                "failure": RankReport(**{**failure, "last_lines": tuple(failure["last_lines"])})
+                if failure
+                else None,
+                "failed_hosts": frozenset(record.get("failed_hosts", ())),
+            }
+        )
+    except TypeError:
+        return None
 
 
 @dataclass(frozen=True)

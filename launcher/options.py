@@ -269,9 +269,6 @@ job_options = stacked(
 )
 
 
-job_options = stacked(host_options, rank_options, restart_options, view_options, ssh_options)
-
-
 # dtrain export: the job written for a cluster's scheduler (a Slurm script, a Kubeflow manifest).
 def export_options(when: str, python: str, restarts: str) -> Decorator:
     """The flags ``dtrain run`` also has; ``when`` says when variables are read, ``python``

@@ -33,6 +33,7 @@ class RankState:
     status: int | None = None  # exit code, or -N for signal N
     ended: float | None = None
     restarts: int = 0
+    stopped: bool = False  # dtrain signalled it (the job was stopping): not a failure of its own
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class Supervisor:
         roles: Mapping[int, str] | None = None,
         worker_restarts: int = 0,
         limits: TimeLimits | None = None,
+        on_stopping: Callable[[str], None] | None = None,
     ) -> None:
         self.specs = list(specs)
         self.transport = transport
@@ -118,6 +119,7 @@ class Supervisor:
         self.roles = roles
         self.worker_restarts = worker_restarts
         self.limits = limits or TimeLimits()
+        self.on_stopping = on_stopping  # told what a signal to dtrain does (the Ctrl-C hint)
         self.began = self.clock.now()
         self.quiet_since: float | None = None  # a hang already reported: silence counts anew
         self.events: queue.SimpleQueue[Message] = queue.SimpleQueue()
@@ -197,6 +199,11 @@ class Supervisor:
             if isinstance(action, Restart):
                 self.restart(action.rank)
             elif isinstance(action, StopAll):
+                if isinstance(event, Interrupted) and self.on_stopping is not None:
+                    self.on_stopping(
+                        f"dtrain: stopping {self.running} rank(s) (grace {self.grace_s:g} s); "
+                        "Ctrl-C again to kill now"
+                    )
                 LOG.debug(
                     "stopping the ranks: SIGTERM to %d, SIGKILL in %g s", self.running, self.grace_s
                 )
@@ -288,7 +295,11 @@ class Supervisor:
         run.status = message.status
         # A remote rank's pid is known once its agent started it: record it now.
         run.state = replace(
-            run.state, status=message.status, ended=message.time, pid=run.process.pid
+            run.state,
+            status=message.status,
+            ended=message.time,
+            pid=run.process.pid,
+            stopped=run.spec.rank in self.stopped,
         )
 
     def drain(self) -> None:

@@ -145,7 +145,9 @@ class RecordingFrontend:
         self.notices: list[str] = []
         self.views: list[tuple[str, int]] = []
 
-    def open_view(self, job_id: str, plan: Plan) -> tuple[OutputSink, AbstractContextManager[Any]]:
+    def open_view(
+        self, job_id: str, plan: Plan, remote: bool = False
+    ) -> tuple[OutputSink, AbstractContextManager[Any]]:
         self.views.append((job_id, plan.world_size))
         return self.sink, contextlib.nullcontext()
 

@@ -186,7 +186,7 @@ CELLS = {
         RUN_ON,
         kill_watchdog,
         128 + signal.SIGKILL,
-        f"on node2 failed (killed by SIGKILL); {STOPPED_5}",
+        f"on node2 failed (killed by SIGKILL: out of memory? see dmesg on node2); {STOPPED_5}",
         5,
     ),
     "host killed": Cell(

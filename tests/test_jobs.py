@@ -264,7 +264,7 @@ def test_live_view_on_a_terminal_redraws_progress_in_place(mark: str) -> None:
     assert proc.wait(timeout=60) == 0
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode("utf-8", "replace"))
     assert "1/1 running" in text  # the live status line while the rank ran
-    assert "0/1 running" in text and "exited 1 (failed 0)" in text  # its final state
+    assert "0/1 running" in text and "exited 1 (failed 0, stopped 0)" in text  # final state
     # A progress update drawn in the live region (the view redraws 4 times a second, the
     # bar moves every 0.2 s: which states are caught varies, that some is does not).
     assert re.search(r"\[0\] progress (0|25|50|75)%", text)

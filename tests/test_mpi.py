@@ -97,7 +97,10 @@ def test_rank_killed_by_signal_under_mpi(mark: str) -> None:
         "run", "--mpi", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script
     )
     assert result.returncode == 137
-    assert "rank 1 on localhost failed (killed by SIGKILL)" in result.stderr
+    assert (
+        "rank 1 on localhost failed (killed by SIGKILL: out of memory? see dmesg on localhost)"
+        in result.stderr
+    )
 
 
 def test_dry_run_prints_the_mpirun_command() -> None:

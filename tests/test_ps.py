@@ -184,7 +184,10 @@ def test_killed_ps_fails_the_job_naming_it(mark: str, tmp_path: Path) -> None:
     os.killpg(ps["pid"], signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGKILL
-    assert f"dtrain: rank {ps['rank']} (ps) on localhost failed (killed by SIGKILL)" in err
+    assert (
+        f"dtrain: rank {ps['rank']} (ps) on localhost failed "
+        "(killed by SIGKILL: out of memory? see dmesg on localhost)" in err
+    )
     assert wait_until_gone(mark) == []
 
 

@@ -525,7 +525,7 @@ def test_proxy_jump_from_the_ssh_config(ssh_hosts: TestHosts, mark: str, tmp_pat
     )
     assert result.returncode == 0, result.stderr
     # node2's sshd saw the connection come from node1: it went through the jump host.
-    assert result.stdout.splitlines() == ["[0] node2 from 198.18.0.11"]
+    assert result.stdout.splitlines() == ["[0@hidden-node2] node2 from 198.18.0.11"]
 
 
 def test_proxy_jump_over_two_hosts(ssh_hosts: TestHosts, mark: str, tmp_path: Path) -> None:
@@ -547,7 +547,9 @@ def test_proxy_jump_over_two_hosts(ssh_hosts: TestHosts, mark: str, tmp_path: Pa
         'echo "$(hostname) from ${SSH_CONNECTION%% *}"',
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["[0] node3 from 198.18.0.12"]  # node1, then node2
+    assert result.stdout.splitlines() == [
+        "[0@far-node3] node3 from 198.18.0.12"
+    ]  # node1, then node2
     broken = config.read_text().replace("ProxyJump node1,node2", "ProxyJump node1,nosuchhost")
     config.write_text(broken)
     failed = run_dtrain("run", "--ssh-config", str(config), "-H", "far-node3", "true")
@@ -586,7 +588,7 @@ def test_a_watchdog_killed_alone_fails_its_rank_and_leaves_nothing(
     os.kill(watchdog_of(sleeper), signal.SIGKILL)  # as the OOM killer would
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGKILL, err
-    assert "rank 1 on node2 failed (killed by SIGKILL)" in err
+    assert "rank 1 on node2 failed (killed by SIGKILL: out of memory? see dmesg on node2)" in err
     assert_nothing_left(ssh_hosts, mark)
 
 
