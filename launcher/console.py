@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -366,9 +367,44 @@ def shell_join(argv: Sequence[str]) -> str:
     return " ".join(shell_quote(a) for a in argv)
 
 
+WIDE_CHECK = 130  # narrower terminals get the check report host by host
+
+
 def print_check_report(rows: Sequence[Mapping[str, Any]], out: TextIO) -> None:
-    """``dtrain check`` as a rich table, one row per host; failures in red with their cause."""
+    """``dtrain check`` as a rich table, one row per host (a block per host on a terminal
+    narrower than the table); failures in red with their cause."""
     from rich.console import Console
+
+    console = Console(file=out)
+    if console.width < WIDE_CHECK:
+        for row in rows:
+            console.print(*check_block(row), sep="\n", highlight=False)
+    else:
+        console.print(check_table(rows))
+    failed = sum(1 for row in rows if not row["ok"])
+    console.print(f"{len(rows) - failed} of {len(rows)} hosts ok", highlight=False)
+
+
+def check_block(row: Mapping[str, Any]) -> list[str]:
+    """One host of ``dtrain check``, in lines that fit 80 columns."""
+    if not row["ok"]:
+        return [f"[bold]{row['host']}[/bold]  [red]FAILED[/red]  {row['error']}"]
+    versions = row["versions"]
+    rtt = "-" if row["rtt_ms"] is None else f"{row['rtt_ms']:.2f}"
+    frameworks = "  ".join(
+        f"{name} {versions.get(name) or '-'}"
+        for name in ("dtrain", "torch", "tensorflow", "mpi4py")
+    )
+    return [
+        f"[bold]{row['host']}[/bold]  [green]ok[/green]  rtt {rtt} ms  "
+        f"clock {row['clock_offset_ms']:+.1f} ms  free port {row['free_port']}",
+        f"  python {row['python_version']} {row['python']}",
+        f"  {frameworks}",
+        f"  gpus {row['gpus']} ({row['gpus_busy']} busy)",
+    ]
+
+
+def check_table(rows: Sequence[Mapping[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(show_lines=False)
@@ -401,10 +437,7 @@ def print_check_report(rows: Sequence[Mapping[str, Any]], out: TextIO) -> None:
             str(row["free_port"]),
             f"{row['clock_offset_ms']:+.1f}",
         )
-    console = Console(file=out)
-    console.print(table)
-    failed = sum(1 for row in rows if not row["ok"])
-    console.print(f"{len(rows) - failed} of {len(rows)} hosts ok", highlight=False)
+    return table
 
 
 class JsonLinesView:
@@ -495,7 +528,7 @@ class LiveView:
         self.clock = clock
         self.started = clock()
         self.states: dict[int, RankState] = {}
-        self.progress: dict[int, str] = {}
+        self.progress: dict[int, tuple[LaunchSpec, Stream, str]] = {}  # rank -> its bar now
         self.live: Any = None
 
     def __enter__(self) -> LiveView:
@@ -523,10 +556,12 @@ class LiveView:
         finished = [line for line in lines if not line.endswith(b"\r")]
         if len(finished) != len(lines):
             last = next(line for line in reversed(lines) if line.endswith(b"\r"))
-            self.progress[spec.rank] = decode_lines([last])[0]
+            if last != b"\r":  # a bare carriage return before the first state: nothing yet
+                self.progress[spec.rank] = (spec, stream, decode_lines([last])[0])
         if not finished:
             return
-        self.progress.pop(spec.rank, None)
+        if self.progress.pop(spec.rank, None) is not None and self.live is not None:
+            self.live.refresh()  # the bar goes before the line that ends it is printed
         prefix = self.line_view.prefix(spec, stream)
         text = Text.from_ansi("".join(prefix + line + "\n" for line in decode_lines(finished)))
         text.rstrip()
@@ -556,11 +591,49 @@ class LiveView:
         )
 
     def render(self) -> Any:
+        """The live area: each rank's progress bar (tagged and coloured as its lines), or one
+        line summing them up when they would not fit, and the status line, never wider than
+        the terminal."""
         from rich.console import Group
         from rich.text import Text
 
-        rows = [Text(f"[{rank}] {text}") for rank, text in sorted(self.progress.items())]
-        return Group(*rows, Text(self.status_text(), style="bold"))
+        bars = sorted(self.progress.items())  # rich's refresh thread: a copy
+        room = max(1, min(MAX_BARS, self.console.height - 6))
+        if len(bars) <= room:
+            rows = [
+                Text.from_ansi(self.line_view.prefix(spec, stream) + text, no_wrap=True)
+                for _, (spec, stream, text) in bars
+            ]
+        else:
+            rows = [Text(progress_summary({r: text for r, (_, _, text) in bars}), no_wrap=True)]
+        status = Text(self.status_text(), style="bold", no_wrap=True, overflow="ellipsis")
+        for row in rows:
+            row.truncate(self.console.width, overflow="ellipsis")
+        status.truncate(self.console.width, overflow="ellipsis")
+        return Group(*rows, status)
+
+
+MAX_BARS = 8  # more ranks drawing progress bars than this: one summary line instead
+PERCENT = re.compile(r"(\d+(?:\.\d+)?)%")
+
+
+def progress_summary(bars: Mapping[int, str]) -> str:
+    """Many ranks' progress bars in one line: min, median and max of their percentages, the
+    slowest rank named (or, without percentages, how many draw bars)."""
+    percents = {}
+    for rank, text in bars.items():
+        found = PERCENT.findall(text)
+        if found:
+            percents[rank] = float(found[0])
+    if not percents:
+        return f"{len(bars)} ranks drawing progress bars"
+    ordered = sorted(percents.values())
+    slowest = min(percents, key=lambda r: (percents[r], r))
+    median = ordered[len(ordered) // 2]
+    return (
+        f"progress of {len(percents)} ranks: min {ordered[0]:g}% (rank {slowest}), "
+        f"median {median:g}%, max {ordered[-1]:g}%"
+    )
 
 
 class TerminalFrontend:

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import (
     JOBS,
+    child_env,
     marked_pids,
     py,
     rss_mib,
@@ -407,6 +408,12 @@ def test_check_reports_every_host(ssh_hosts: TestHosts) -> None:
     table = run_dtrain("check", *ssh(ssh_hosts), "-H", "node1,node2")
     assert table.returncode == 0
     assert "2 of 2 hosts ok" in table.stdout
+    for columns in (80, 200):  # host by host on a narrow terminal, a table on a wide one
+        env = {**child_env(), "COLUMNS": str(columns)}
+        shown = run_dtrain("check", *ssh(ssh_hosts), "-H", "node1,198.18.0.99", env=env).stdout
+        assert all(len(line) <= columns for line in shown.splitlines()), shown
+        assert ("┃" in shown) == (columns == 200)  # the table's header
+        assert "FAILED" in shown and "1 of 2 hosts ok" in shown
 
 
 @pytest.mark.slow

@@ -1,0 +1,112 @@
+"""What a person sees on a real terminal (a pty of 80 columns and 30 rows): 40 ranks drawing
+progress bars, the Ctrl-C hint, the status line's width."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import signal
+import struct
+import subprocess
+import termios
+import time
+
+import pytest
+
+from tests.conftest import DTRAIN, REPO, child_env, py, wait_until_gone
+
+pytestmark = pytest.mark.timeout(120)
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def on_terminal(
+    args: list[str], columns: int = 80, rows: int = 30, interrupt_after: str | None = None
+) -> tuple[int, str]:
+    """Run dtrain on a pty of that size; send SIGINT (Ctrl-C) once ``interrupt_after`` shows."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    env = {**child_env(), "TERM": "xterm-256color"}
+    env.pop("COLUMNS", None)
+    env.pop("LINES", None)
+    proc = subprocess.Popen(
+        [*DTRAIN, *args], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=REPO
+    )
+    os.close(slave)
+    screen, sent = b"", interrupt_after is None
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the terminal closed with the last process on it
+            break
+        if not chunk:
+            break
+        screen += chunk
+        if (
+            not sent
+            and interrupt_after.encode() in ANSI.sub("", screen.decode("utf-8", "replace")).encode()
+        ):
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            sent = True
+    os.close(master)
+    return proc.wait(timeout=60), ANSI.sub("", screen.decode("utf-8", "replace"))
+
+
+BARS = (
+    "import os, sys, time\n"
+    "rank = int(os.environ['RANK'])\n"
+    "for i in range(0, 101, 10):\n"
+    "    bar = f'\\repoch 1: {min(100, i + rank)}% |' + '#' * (i // 10)\n"
+    "    sys.stdout.write(bar); sys.stdout.flush()\n"
+    "    time.sleep(0.25)\n"
+    "print(); print('done', flush=True)\n"
+)
+
+
+def test_forty_ranks_of_progress_bars_fit_the_terminal(mark: str) -> None:
+    code, screen = on_terminal(
+        ["run", "-np", "40", "--oversubscribe", "-x", f"DTRAIN_TEST_MARK={mark}", *py(BARS)]
+    )
+    assert code == 0, screen[-2000:]
+    # One summary line for the bars, never forty rows: min, median, max, the slowest named.
+    summaries = re.findall(
+        r"progress of (\d+) ranks: min \d+% \(rank \d+\), median \d+%, max", screen
+    )
+    assert summaries and max(map(int, summaries)) > 8, screen[-3000:]
+    lines = screen.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    run = longest = 0  # bar rows drawn one after the other: a frame of the live area
+    for line in lines:
+        is_bar = re.search(r"\[\d+\] epoch 1: \d+% \|#*$", line) and "100%" not in line
+        run = run + 1 if is_bar else 0
+        longest = max(longest, run)
+    assert longest <= 8  # never a row per rank: at most 8, else the summary
+    live = [ln for ln in lines if ln.startswith(("dtrain 2", "progress of"))]  # status, summary
+    assert live and all(len(line) <= 80 for line in live), max(live, key=len)
+    assert sum(1 for line in lines if line.endswith("] done")) == 40
+    assert wait_until_gone(mark) == []
+
+
+def test_a_few_bars_are_drawn_tagged_like_their_lines(mark: str) -> None:
+    code, screen = on_terminal(["run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", *py(BARS)])
+    assert code == 0, screen[-2000:]
+    assert re.search(r"\[1\] epoch 1: \d+% \|", screen)  # a bar row with its rank's tag
+
+
+def test_ctrl_c_says_what_it_does_and_how_to_hurry(mark: str) -> None:
+    code, screen = on_terminal(
+        [
+            "run",
+            "-np",
+            "3",
+            "-x",
+            f"DTRAIN_TEST_MARK={mark}",
+            *py("import time; print('up', flush=True); time.sleep(60)"),
+        ],
+        interrupt_after="[2] up",
+    )
+    assert code == 130
+    assert "dtrain: stopping 3 rank(s) (grace 5 s); Ctrl-C again to kill now" in screen
+    assert "interrupted by SIGINT; stopped 3 ranks; dtrain exits 130" in screen
+    assert wait_until_gone(mark) == []
