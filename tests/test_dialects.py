@@ -49,11 +49,12 @@ def flag_args(row: PeerFlag, flag: str) -> list[str]:
 
 @pytest.mark.parametrize(("row", "flag"), rows("alias"), ids=lambda v: getattr(v, "peer", v))
 def test_an_alias_means_what_dtrains_spelling_means(parse, row: PeerFlag, flag: str) -> None:  # type: ignore[no-untyped-def]
-    theirs = parse(*flag_args(row, flag))
-    ours = parse(*row.equivalent)
+    context = row.context.split()
+    theirs = parse(*context, *flag_args(row, flag))
+    ours = parse(*context, *row.equivalent)
     assert isinstance(ours, JobConfig), f"dtrain's own {row.equivalent} failed: {ours}"
     assert theirs == ours
-    assert theirs != parse(), f"{flag} changed nothing"
+    assert theirs != parse(*context), f"{flag} changed nothing"
 
 
 @pytest.mark.parametrize(("row", "flag"), rows("accepted"), ids=lambda v: getattr(v, "peer", v))

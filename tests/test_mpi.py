@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_dtrain, tagged, wait_until_gone
+from launcher.command import LaunchSpec
+from launcher.hosts import Host
+from launcher.mpi import MpiOutput, mpi_failure, mpi_mapping
+from launcher.outcome import JobResult, RankReport
+from launcher.plan import Plan, Rank
+from tests.conftest import child_env, py, run_dtrain, tagged, wait_until_gone
 
 MPIRUN = Path(sys.executable).parent / "mpirun"
 pytestmark = pytest.mark.skipif(
@@ -122,13 +127,13 @@ def test_dry_run_prints_the_mpirun_command() -> None:
     plan = json.loads(result.stdout)
     argv = plan["mpirun"]
     assert argv[0].endswith("mpirun") and argv[1:3] == ["-np", "4"]
-    assert argv[-2:] == ["python", "train.py"]
+    assert argv[-2:] == ["python", "train.py"] and argv[-6:-4] == ["sh", "-c"]  # the shim
     # Variables go by name: their values travel in mpirun's environment, not its argv.
     assert argv[argv.index("NCCL_DEBUG") - 1] == "-x" and "PYTHONUNBUFFERED" in argv
     assert not any("=INFO" in a for a in argv)
     assert plan["env"]["NCCL_DEBUG"] == "INFO" and plan["env"]["PYTHONUNBUFFERED"] == "1"
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
-    assert plan["hostfile"] == "localhost slots=2\nlocalhost2 slots=2\n"
+    assert plan["hostfile"] == "localhost slots=2\nlocalhost2 slots=2\n"  # the real slots
     assert not any(a.startswith("RANK=") for a in argv)  # per-rank values come from mpirun
 
 
@@ -197,3 +202,108 @@ def test_a_killed_launchers_hostfile_folder_is_removed_by_the_next() -> None:
     finally:
         shutil.rmtree(stale, ignore_errors=True)
         shutil.rmtree(live, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("placed", "real", "map_by", "expected"),
+    [
+        ({"a": 4}, {"a": 2}, "slot", ({"a": 2}, "slot", True)),  # 4 ranks, 2 cores: says so
+        ({"a": 2}, {"a": 8}, "slot", ({"a": 8}, "slot", False)),  # room left (MPI_Comm_spawn)
+        ({"a": 4, "b": 2}, {"a": 4, "b": 4}, "slot", ({"a": 4, "b": 4}, "slot", False)),
+        ({"a": 2, "b": 1}, {"a": 4, "b": 4}, "node", ({"a": 4, "b": 4}, "node", False)),
+        ({"a": 2, "b": 2}, {"a": 4, "b": 4}, "slot", ({"a": 4, "b": 4}, "ppr:2:node", False)),
+        ({"a": 3, "b": 3}, {"a": 2, "b": 2}, "slot", ({"a": 2, "b": 2}, "ppr:3:node", True)),
+        ({"a": 3, "b": 1}, {"a": 2, "b": 2}, "slot", ({"a": 3, "b": 1}, "slot", False)),
+    ],
+)
+def test_open_mpi_gets_the_real_slots_and_dtrains_placement(
+    placed: dict[str, int], real: dict[str, int], map_by: str, expected: tuple[object, ...]
+) -> None:
+    mapping = mpi_mapping(placed, real, map_by)
+    assert (mapping.slots, mapping.map_by, mapping.oversubscribe) == expected
+
+
+def test_mpi_ranks_get_the_torch_contract(mark: str) -> None:
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "DTRAIN_HOST")
+    names += ("MASTER_PORT", "CUDA_VISIBLE_DEVICES")
+    code = f"import os; print(*(os.environ.get(v) for v in {names!r}))"
+    env = {**child_env(), "CUDA_VISIBLE_DEVICES": "5,6,7"}  # three GPUs seen: bound per rank
+    result = run_dtrain(
+        "run", "--mpi", "-np", "3", "-x", f"DTRAIN_TEST_MARK={mark}",
+        *py(code), env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for rank in range(3):
+        (line,) = tagged(result.stdout, rank)
+        fields = line.split()
+        assert fields[:6] == [str(rank), "3", str(rank), "3", "0", "localhost"]
+        assert fields[6].isdigit() and fields[7] == str(5 + rank)
+    assert wait_until_gone(mark) == []
+
+
+def test_mpirun_options_pass_through() -> None:
+    result = run_dtrain(
+        "run", "--mpi", "--dry-run", "--json", "-np", "2", "--mca", "btl", "self,tcp",
+        "-mca", "pml", "ob1", "--mpirun-args", "--display-map --timeout 60", "--bind-to", "core",
+        "--oversubscribe", "true",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(result.stdout)["mpirun"]
+    joined = " ".join(argv)
+    assert "--mca btl self,tcp" in joined and "--mca pml ob1" in joined
+    assert "--display-map --timeout 60 sh -c" in joined  # before the rank's shim
+    assert "--bind-to core" in joined and "--oversubscribe" in joined
+
+
+def test_partial_lines_and_nul_bytes_are_split_back_per_rank() -> None:
+    shown: list[tuple[int, str, bytes]] = []
+
+    class Sink:
+        def show(self, spec: LaunchSpec, stream: str, lines: list[bytes]) -> None:
+            shown.extend((spec.rank, stream, line) for line in lines)
+
+        def update(self, state: object) -> None:
+            pass
+
+    specs = {r: LaunchSpec(r, Host("h"), r, (), {}) for r in range(4)}
+    output = MpiOutput(Sink(), specs, LaunchSpec(-1, Host("h"), 0, (), {}, label="mpirun"))  # type: ignore[arg-type]
+    output.show(
+        specs[0], "stdout", [b"[1,0]<stderr>: ......[1,3]<stderr>: ....", b"[1,2]<stdout>: a\0b"]
+    )
+    assert shown == [(0, "stderr", b"......"), (3, "stderr", b"...."), (2, "stdout", b"ab")]
+
+
+def test_a_rank_and_mpirun_disagreeing_on_the_exit_code_are_both_said() -> None:
+    specs = {r: LaunchSpec(r, Host("h"), r, (), {}) for r in range(2)}
+    output = MpiOutput(QuietSink(), specs, LaunchSpec(-1, Host("h"), 0, (), {}, label="mpirun"))  # type: ignore[arg-type]
+    output.own_lines = ["Process name: [prterun-h-1,1]\n  Exit code:    1"]
+    report = RankReport(-1, "mpirun", 213, (), "stderr")
+    result = JobResult(exit_code=213, world_size=1, elapsed_s=1.0, failure=report)
+    plan = Plan(tuple(Rank(r, Host("h"), r, 0, 2, 2) for r in range(2)))
+    fixed = mpi_failure(result, output, plan)
+    assert fixed.exit_code == 1 and fixed.failure is not None
+    assert (fixed.failure.rank, fixed.failure.cause) == (1, "exit code 1; mpirun exited 213")
+
+
+class QuietSink:
+    def show(self, *args: object) -> None:
+        pass
+
+    def update(self, *args: object) -> None:
+        pass
+
+
+def test_mpi_comm_spawn_has_room_with_oversubscribe(mark: str, tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py")
+    (tmp_path / "spawn.py").write_text(
+        "import sys\nfrom mpi4py import MPI\n"
+        "child = MPI.COMM_SELF.Spawn(sys.executable, args=['-c', 'from mpi4py import MPI; "
+        "MPI.Comm.Get_parent().Disconnect()'], maxprocs=1)\n"
+        "child.Disconnect(); print('spawned', MPI.COMM_WORLD.Get_rank(), flush=True)\n"
+    )
+    result = run_dtrain(
+        "run", "--mpi", "-np", "2", "--oversubscribe", "-x", f"DTRAIN_TEST_MARK={mark}",
+        str(tmp_path / "spawn.py"), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(result.stdout.splitlines()) == ["[0] spawned 0", "[1] spawned 1"]
