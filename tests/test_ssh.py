@@ -736,3 +736,18 @@ def test_torch_rpc_parameter_server_across_hosts(ssh_hosts: TestHosts, mark: str
     assert accuracy >= 0.9
     assert any(ln.startswith("[worker1@node2]") for ln in result.stdout.splitlines())
     assert_nothing_left(ssh_hosts, mark)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_torch_ddp_under_mpi_across_two_hosts(ssh_hosts: TestHosts, mark: str) -> None:
+    """MPI-launched ranks get RANK, MASTER_ADDR... too: a torch.distributed script runs as is."""
+    pytest.importorskip("torch")
+    result = run_dtrain(
+        "run", "--mpi", *ssh(ssh_hosts), "-H", "node1:1,node2:1", "-x", f"DTRAIN_TEST_MARK={mark}",
+        "examples/torch_allreduce.py", timeout=230,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[1@node2] rank 1/2 (local 0) on node2: all_reduce sum = 3 ok" in result.stdout
+    assert "weights identical on all 2 ranks" in result.stdout
+    assert_nothing_left(ssh_hosts, mark)
