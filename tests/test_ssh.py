@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import signal
 import subprocess
 import sys
@@ -751,3 +752,38 @@ def test_torch_ddp_under_mpi_across_two_hosts(ssh_hosts: TestHosts, mark: str) -
     assert "[1@node2] rank 1/2 (local 0) on node2: all_reduce sum = 3 ok" in result.stdout
     assert "weights identical on all 2 ranks" in result.stdout
     assert_nothing_left(ssh_hosts, mark)
+
+
+def test_a_raw_library_message_gets_the_host_and_a_hint(ssh_hosts: TestHosts) -> None:
+    """Something that is not sshd answers on the port: paramiko's 'Error reading SSH protocol
+    banner' comes with the host, what it means and what to try."""
+    server = (
+        "import socket, time\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "s.bind(('198.18.0.13', 2299)); s.listen(5); print('up', flush=True)\n"
+        "while True:\n"
+        "    c, _ = s.accept(); c.sendall(b'HTTP 400\\r\\n'); time.sleep(3); c.close()\n"
+    )
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", "dtrain-node3", sys.executable, "-c", server],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+        result = run_dtrain(
+            "run", *ssh(ssh_hosts), "-H", "node3", "--ssh-port", "2299", "--ssh-timeout", "2",
+            "true",
+        )  # fmt: skip
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode != 0
+    (line,) = result.stderr.splitlines()
+    # paramiko says 'Error reading SSH protocol banner' or 'No existing session' here
+    assert re.match(
+        r"dtrain: error: node3 \(198.18.0.13\): (no SSH greeting from the server|the SSH session "
+        r"ended before login).* \(paramiko: (Error reading SSH protocol banner|No existing "
+        r"session)\) \(hint: check the port \(--ssh-port\)",
+        line,
+    ), line

@@ -404,7 +404,35 @@ def connect_error(
             f"{where}: connection refused on port {target.port}",
             "check that sshd runs there and the port (--ssh-port, Port in ~/.ssh/config)",
         )
-    return HostConnectionError(f"{where}: SSH failed: {exc or type(exc).__name__}")
+    text = str(exc) or type(exc).__name__
+    for needle, (meaning, hint) in LIBRARY_MESSAGES.items():
+        if needle in text.lower():
+            return HostConnectionError(f"{where}: {meaning} (paramiko: {text})", hint)
+    return HostConnectionError(
+        f"{where}: SSH failed: {text}", f"try 'ssh -p {target.port} {target.hostname} true'"
+    )
+
+
+# paramiko's own words, in a user's: what went wrong, and what to try.
+LIBRARY_MESSAGES = {
+    "error reading ssh protocol banner": (
+        "no SSH greeting from the server (not sshd on that port, sshd overloaded, or "
+        "MaxStartups reached)",
+        "check the port (--ssh-port), or retry with a larger --ssh-timeout",
+    ),
+    "no existing session": (
+        "the SSH session ended before login (no SSH server on that port, or it hung up)",
+        "check the port (--ssh-port) and sshd's logs on the host (MaxStartups, AllowUsers)",
+    ),
+    "incompatible ssh": (
+        "the server speaks no SSH version paramiko knows",
+        "check that sshd (OpenSSH 7 or newer) listens on that port",
+    ),
+    "connection reset by peer": (
+        "the server reset the connection",
+        "check sshd's logs there, or a firewall between",
+    ),
+}
 
 
 def tune_socket(transport: paramiko.Transport) -> None:
