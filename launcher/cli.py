@@ -222,7 +222,13 @@ def start_job(config: JobConfig) -> int:
             err=True,
         )
         return 0
-    outcome = run_job(config, environ, TerminalFrontend(config.view, sys.stdout, sys.stderr))
+    frontend = TerminalFrontend(config.view, sys.stdout, sys.stderr)
+    if not config.verbose:  # (verbose says it all, line by line)
+        frontend.show_phases()
+    try:
+        outcome = run_job(config, environ, frontend)
+    finally:
+        frontend.end_phases()
     if isinstance(outcome, DryRun):
         click.echo(
             format_dry_run(

@@ -644,9 +644,40 @@ class TerminalFrontend:
         self.out = out
         self.err = err
 
+    def show_phases(self) -> None:
+        """While dtrain connects to hosts and starts their agents, one line on a terminal says
+        which phase it is in and how many hosts are done (it goes when the job's view opens)."""
+        import logging
+
+        if not (self.err.isatty() and not self.config.as_json and not self.config.quiet):
+            return
+        err = self.err
+
+        class PhaseLine(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                err.write(f"\r\x1b[2Kdtrain: {record.getMessage()}")
+                err.flush()
+
+        self.phase_handler: logging.Handler | None = PhaseLine()
+        logger = logging.getLogger("dtrain.phase")
+        logger.addHandler(self.phase_handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+    def end_phases(self) -> None:
+        handler = getattr(self, "phase_handler", None)
+        if handler is not None:
+            import logging
+
+            logging.getLogger("dtrain.phase").removeHandler(handler)
+            self.phase_handler = None
+            self.err.write("\r\x1b[2K")  # the phase line goes
+            self.err.flush()
+
     def open_view(
         self, job_id: str, plan: Plan, remote: bool = False
     ) -> tuple[OutputSink, AbstractContextManager[Any]]:
+        self.end_phases()
         if not self.config.as_json:
             self.notice(
                 f"dtrain: job {job_id} ({plan.world_size} ranks); logs: dtrain logs {job_id}"

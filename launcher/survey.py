@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from launcher.transport.ssh import HostReport
 
 LOG = logging.getLogger("dtrain")  # --verbose shows it
+PHASE = logging.getLogger("dtrain.phase")  # what the survey is at: the terminal's status line
 
 T = TypeVar("T")
 GPU_BUSY_UTILIZATION = 5  # percent
@@ -232,10 +233,12 @@ def open_connections(
         from launcher.transport.slurm import srun_connections
 
         LOG.debug("reaching %d node(s) through srun", len(hosts))
+        PHASE.info("starting %d srun step(s)", len(hosts))
         return dict(srun_connections(hosts, environ))
     from launcher.transport.ssh import connect_all
 
     LOG.debug("connecting to %d host(s) over ssh", len(hosts))
+    PHASE.info("connecting to %d host(s) over ssh", len(hosts))
     return dict(connect_all(hosts, settings, ssh_config))
 
 
@@ -285,6 +288,8 @@ def probe_remote_hosts(
     if program and facts.python_script and "/" not in program:
         program = f"./{program}"  # a script is looked for in the working directory, not PATH
 
+    started: list[str] = []  # hosts whose agent answered (the terminal shows the count)
+
     def open_agent(name: str) -> Any:
         args = {
             "ports": 1 + ranks_on[name],
@@ -295,7 +300,10 @@ def probe_remote_hosts(
         }
         connection = survey.connections[name]
         ssh = config.ssh
-        return HostAgent.open(connection, sys.executable, args, ssh.timeout_s, ssh.host_timeout_s)
+        opened = HostAgent.open(connection, sys.executable, args, ssh.timeout_s, ssh.host_timeout_s)
+        started.append(name)
+        PHASE.info("starting agents: %d of %d hosts ready", len(started), len(survey.connections))
+        return opened
 
     settings = ssh_settings(config.ssh)
     opened = run_parallel_all(list(survey.connections), open_agent, settings.fanout)

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.conftest import DTRAIN, REPO, child_env, py, wait_until_gone
+from tests.testhosts import TestHosts
 
 pytestmark = pytest.mark.timeout(120)
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -109,4 +110,16 @@ def test_ctrl_c_says_what_it_does_and_how_to_hurry(mark: str) -> None:
     assert code == 130
     assert "dtrain: stopping 3 rank(s) (grace 5 s); Ctrl-C again to kill now" in screen
     assert "interrupted by SIGINT; stopped 3 ranks; dtrain exits 130" in screen
+    assert wait_until_gone(mark) == []
+
+
+@pytest.mark.sshhosts
+def test_the_phase_line_counts_hosts_while_connecting(ssh_hosts: TestHosts, mark: str) -> None:
+    code, screen = on_terminal(
+        ["run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2,node3",
+         "-x", f"DTRAIN_TEST_MARK={mark}", "true"]
+    )  # fmt: skip
+    assert code == 0, screen
+    assert "dtrain: connecting to 3 host(s) over ssh" in screen
+    assert "dtrain: starting agents: 3 of 3 hosts ready" in screen
     assert wait_until_gone(mark) == []
