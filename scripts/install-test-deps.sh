@@ -13,7 +13,10 @@ command -v scontrol >/dev/null 2>&1 || need="$need slurm-client"
 command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need="$need slurmctld"
 command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need="$need slurmd"
 command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need="$need munge"
-# `unshare` (per-host hostnames) comes from util-linux, which is essential on Debian.
+# `unshare` (per-host hostnames) and `nsenter` (a slurmd inside a test host) come from
+# util-linux, which is essential on Debian.  The Slurm tests start their own munged,
+# slurmctld and slurmds (tests/slurmcluster.py, config in a temp dir): the packages'
+# system services and /etc/slurm, /etc/munge are neither needed nor used.
 
 if [ -z "$need" ]; then
     echo "install-test-deps: openssh, iproute2 and slurm already present"

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurmcluster import SlurmCluster, SlurmClusterError
+from tests.slurmcluster import unavailable_reason as slurm_unavailable_reason
 from tests.testhosts import TestHosts, unavailable_reason
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,3 +175,44 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_session(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
+    """The session's Slurm cluster (tests/slurmcluster.py) on the SSH test hosts; skips where
+    it cannot run (not root, Slurm or munge not installed)."""
+    reason = slurm_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster(request.getfixturevalue("ssh_hosts_session"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm_cluster(slurm_cluster_session: SlurmCluster) -> Iterator[SlurmCluster]:
+    """A real Slurm cluster: slurmctld and munged here, a slurmd on each test host node1..node3
+    (``env()`` for salloc/srun/sbatch).  (Re)started when the hosts were restarted by an
+    earlier test; afterwards no job, step or job process may be left (the test fails)."""
+    cluster = slurm_cluster_session
+    if not cluster.healthy():
+        cluster.stop()
+        if not cluster.hosts.started:
+            cluster.hosts.start()
+        cluster.start()
+    yield cluster
+    if cluster.healthy():
+        try:
+            cluster.wait_idle(timeout=30)
+        except SlurmClusterError:
+            cluster.stop()  # the next test starts a clean one
+            raise
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use the Slurm cluster are marked ``slurm`` (``-m "not slurm"`` skips them)."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
