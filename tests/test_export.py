@@ -274,7 +274,7 @@ def test_sbatch_on_the_slurm_test_cluster(request: pytest.FixtureRequest, tmp_pa
     lines = output.read_text().splitlines()
     hosts = set()
     for rank in range(4):
-        found = [line for line in lines if line.startswith(f"[{rank}] rank {rank} of 4 on ")]
+        found = [ln for ln in lines if re.match(rf"\[{rank}@\S+\] rank {rank} of 4 on ", ln)]
         assert len(found) == 1, lines
         hosts.add(found[0].rsplit(" ", 1)[1])
     assert len(hosts) == 2, lines
