@@ -15,6 +15,7 @@ from launcher.errors import UsageError
 from launcher.hosts import Host
 from launcher.transport.slurm import allocation_from
 from tests.conftest import DTRAIN, REPO, child_env, wait_for_pids, wait_until_gone
+from tests.slurmcluster import SlurmCluster
 from tests.slurmlocal import OneNodeSlurm, unavailable_reason
 
 pytestmark = pytest.mark.timeout(180)
@@ -125,3 +126,41 @@ def test_transport_slurm_outside_an_allocation_is_refused() -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 2
     assert err.startswith("dtrain: error: --transport slurm: not inside a Slurm allocation")
+
+
+# -- on the three-node Slurm of the SSH test hosts (tests/slurmcluster.py) -------------------
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_torch_all_reduce_over_three_slurm_nodes(slurm_cluster: SlurmCluster, mark: str) -> None:
+    pytest.importorskip("torch")
+    env = slurm_cluster.env(child_env())
+    done = subprocess.run(
+        ["salloc", "-N3", "-n3", *DTRAIN, "run", "-x", f"DTRAIN_TEST_MARK={mark}",
+         "examples/torch_allreduce.py"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ": 3 task(s) on node1:1,node2:1,node3:1; ranks start through srun" in done.stderr
+    for rank in range(3):
+        node = f"node{rank + 1}"
+        assert f"[{rank}@{node}] rank {rank}/3 (local 0) on {node}: all_reduce sum = 6 ok" in (
+            done.stdout
+        )
+    assert "weights identical on all 3 ranks" in done.stdout
+    assert slurm_cluster.steps() == []
+
+
+@pytest.mark.slurm
+def test_a_failing_rank_on_three_slurm_nodes(slurm_cluster: SlurmCluster, mark: str) -> None:
+    code = "import os, sys, time; time.sleep(0.5); os.environ['RANK'] == '2' and sys.exit(5)"
+    code += "; time.sleep(60)"
+    run = [*DTRAIN, "run", "-x", f"DTRAIN_TEST_MARK={mark}", "python", "-c", code]
+    done = subprocess.run(
+        ["salloc", "-N3", "-n3", *run],
+        capture_output=True, text=True, env=slurm_cluster.env(child_env()), cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 5, done.stderr
+    assert "rank 2 on node3 failed (exit code 5); stopped the other 2 ranks" in done.stderr
+    assert slurm_cluster.steps() == []
