@@ -63,6 +63,7 @@ __all__ = [
     "unavailable_reason",
 ]
 
+TMP = Path(tempfile.gettempdir())
 STATE_PREFIX = "dtrain-slurmcluster-"  # in every daemon's argv: how leftovers are recognised
 MARKER_NAME = "slurmcluster.json"  # marks a state dir as ours (safe to rmtree)
 PARTITION = "debug"
@@ -164,25 +165,59 @@ def _in_test_hosts() -> set[int]:
     return {pid for ns in _list_netns() if ns.startswith(NETNS_PREFIX) for pid in processes_in(ns)}
 
 
-def _our_processes(scope: str = STATE_PREFIX) -> list[int]:
-    """Processes of clusters whose state dir path contains ``scope``: the daemons (their
-    argv names the state dir), and slurmstepd and job tasks on the test hosts (their
-    environment's ``SLURM_CONF`` does, handed down from the daemons or from ``env()``).
-    A shell here with such a ``SLURM_CONF`` is left alone."""
-    found: list[int] = []
+def _state_dir_named(text: str) -> str | None:
+    """The state dir an argument or ``SLURM_CONF=`` value names, or None."""
+    at = text.find(f"/{STATE_PREFIX}")
+    if at < 0:
+        return None
+    begin = text.rfind("=", 0, at) + 1  # after "--socket=", "SLURM_CONF="; else 0
+    end = text.find("/", at + 1)
+    return text[begin : end if end >= 0 else len(text)]
+
+
+def _our_processes() -> dict[int, str]:
+    """Processes of test clusters, with the state dir of each: the daemons (their argv
+    names it), and slurmstepd and job tasks on the test hosts (their environment's
+    ``SLURM_CONF`` does, handed down from the daemons or from ``env()``).  A shell here
+    with such a ``SLURM_CONF`` is left alone."""
+    found: dict[int, str] = {}
     on_hosts = _in_test_hosts()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         pid = int(entry)
         argv = _read_nul_list(f"/proc/{pid}/cmdline")
-        if argv and os.path.basename(argv[0]) in DAEMONS and any(scope in a for a in argv[1:]):
-            found.append(pid)
+        if argv and os.path.basename(argv[0]) in DAEMONS:
+            named = [d for a in argv[1:] if (d := _state_dir_named(a))]
         elif pid in on_hosts or (argv and argv[0].startswith("slurmstepd")):
             environ = _read_nul_list(f"/proc/{pid}/environ")
-            if any(item.startswith("SLURM_CONF=") and scope in item for item in environ):
-                found.append(pid)
+            named = [
+                d for e in environ if e.startswith("SLURM_CONF=") and (d := _state_dir_named(e))
+            ]
+        else:
+            continue
+        if named:
+            found[pid] = named[0]
     return found
+
+
+def _start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot): tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_alive(state_dir: Path) -> bool:
+    """The process that started the cluster of ``state_dir`` still runs."""
+    try:
+        owner = json.loads((state_dir / MARKER_NAME).read_text())
+        pid, started = int(owner["owner_pid"]), owner["owner_start"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return pid_alive(pid) and _start_time(pid) == started
 
 
 def _ancestors() -> set[int]:
@@ -206,18 +241,18 @@ def _kill_trees(pids: Sequence[int]) -> None:
 
 
 def cleanup_leftovers() -> None:
-    """Kill the daemons, steps and job tasks of crashed earlier runs and remove their state
-    dirs (only dirs marked as ours whose owner process is gone).  Safe to call when nothing
-    is there.  Only one cluster can run at a time: it needs the netns test hosts, whose
-    lock its owner holds."""
-    _kill_trees(_our_processes())
-    for path in Path(tempfile.gettempdir()).glob(f"{STATE_PREFIX}*"):
-        try:
-            owner = int(json.loads((path / MARKER_NAME).read_text())["owner_pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+    """Kill the daemons, steps and job tasks of clusters whose owner process is gone (a
+    crashed or killed test run) and remove their state dirs.  Clusters of live runs are
+    left alone: each has its own state dir, ports and munged, and its slurmds die with
+    the test hosts, of which one set runs at a time.  Safe to call when nothing is there."""
+    processes = _our_processes()
+    dirs = set(processes.values()) | {str(p) for p in TMP.glob(f"{STATE_PREFIX}*")}
+    for state_dir in sorted(dirs):
+        if _owner_alive(Path(state_dir)):
             continue
-        if not pid_alive(owner):
-            shutil.rmtree(path, ignore_errors=True)
+        _kill_trees([pid for pid, named in processes.items() if named == state_dir])
+        if (Path(state_dir) / MARKER_NAME).exists():
+            shutil.rmtree(state_dir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------
@@ -339,8 +374,8 @@ class SlurmCluster:
             for name in self.names:  # slurmds first: a dying slurmctld makes them retry
                 self._kill_node(name)
             victims = [p.pid for p in self._procs.values()]
-            if self._state_dir is not None:
-                victims += _our_processes(f"{self._state_dir}/")
+            mine = str(self._state_dir)
+            victims += [pid for pid, named in _our_processes().items() if named == mine]
             _kill_trees(victims)
             for proc in self._procs.values():
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -443,11 +478,18 @@ class SlurmCluster:
     # ------------------------------------------------------------- internal
 
     def _make_state_dir(self) -> None:
-        state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
+        state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir=TMP))
         state.chmod(0o755)
         self._state_dir = state
         (state / MARKER_NAME).write_text(
-            json.dumps({"owner_pid": os.getpid(), "nodes": self.names}) + "\n"
+            json.dumps(
+                {
+                    "owner_pid": os.getpid(),
+                    "owner_start": _start_time(os.getpid()),
+                    "nodes": self.names,
+                }
+            )
+            + "\n"
         )
         (state / "ctld").mkdir()
         for name in self.names:  # slurmd does not make its spool dir before it needs it

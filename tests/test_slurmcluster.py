@@ -31,7 +31,7 @@ from tests.slurmcluster import (
 )
 from tests.testhosts import TestHosts, processes_in
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.slurm
 
 
 @contextlib.contextmanager
@@ -145,7 +145,7 @@ def test_stop_leaves_no_daemon_no_job_and_no_state(slurm_cluster: SlurmCluster, 
     state = slurm_cluster.state_dir
     slurm_cluster.stop()  # the next test's fixture starts a new cluster
     assert marked_pids(mark) == []
-    assert _our_processes(str(state)) == [] and not state.exists()
+    assert str(state) not in _our_processes().values() and not state.exists()
     hosts = slurm_cluster.hosts
     assert all(processes_in(name) == [hosts.pids[name]] for name in hosts.names)
     slurm_cluster.stop()  # idempotent
@@ -181,10 +181,17 @@ def test_cleanup_after_a_crashed_run(slurm_cluster_session: SlurmCluster, mark: 
     wait_for_pids(mark, 5)  # the batch shell and its srun, a task per node
     crashing.kill()
     crashing.wait()
-    assert _our_processes(str(state)), "the daemons should outlive their owner"
+    assert str(state) in _our_processes().values(), "the daemons should outlive their owner"
     cleanup_leftovers()
-    assert _our_processes(str(state)) == [] and marked_pids(mark) == []
+    assert str(state) not in _our_processes().values() and marked_pids(mark) == []
     assert not state.exists()
+
+
+def test_cleanup_leaves_a_running_cluster_alone(slurm_cluster: SlurmCluster) -> None:
+    cleanup_leftovers()  # as another test run's start() would
+    assert slurm_cluster.healthy() and slurm_cluster.conf.exists()
+    out = slurm_cluster.run(["srun", "-N3", "hostname"], check=True)
+    assert sorted(out.stdout.split()) == slurm_cluster.names
 
 
 def test_the_reason_it_cannot_run_is_none_here() -> None:
