@@ -174,7 +174,8 @@ class SrunConnection:
         # waits for a newline; the agent's frames have none).
         argv = [
             srun, "--nodes=1", "--ntasks=1", f"--nodelist={self.host.name}", "--overlap",
-            "--whole", "--unbuffered", "--job-name=dtrain-agent", "--quiet", "sh", "-c", command,
+            "--whole", "--unbuffered", "--quit-on-interrupt", "--job-name=dtrain-agent", "--quiet",
+            "sh", "-c", command,
         ]  # fmt: skip
         try:
             process = subprocess.Popen(
