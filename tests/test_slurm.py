@@ -5,9 +5,11 @@ and no process left.  Also the allocation's variables, parsed."""
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -163,4 +165,47 @@ def test_a_failing_rank_on_three_slurm_nodes(slurm_cluster: SlurmCluster, mark: 
     )  # fmt: skip
     assert done.returncode == 5, done.stderr
     assert "rank 2 on node3 failed (exit code 5); stopped the other 2 ranks" in done.stderr
+    assert slurm_cluster.steps() == []
+
+
+@pytest.mark.slurm
+def test_mpi_inside_an_allocation(slurm_cluster: SlurmCluster, mark: str) -> None:
+    pytest.importorskip("mpi4py")
+    run = [*DTRAIN, "run", "--mpi", "-x", f"DTRAIN_TEST_MARK={mark}"]
+    done = subprocess.run(
+        ["salloc", "-N2", "-n4", *run, "python", "-m", "mpi4py.bench", "helloworld"],
+        capture_output=True, text=True, env=slurm_cluster.env(child_env()), cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    hello = sorted(line for line in done.stdout.splitlines() if "Hello, World!" in line)
+    assert hello == [
+        f"[{r}@node{r // 2 + 1}] Hello, World! I am process {r} of 4 on node{r // 2 + 1}."
+        for r in range(4)
+    ]
+    assert slurm_cluster.steps() == []
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_tf_parameter_servers_inside_an_allocation(
+    slurm_cluster: SlurmCluster, mark: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("tensorflow", reason="needs tensorflow-cpu")
+    ps = [*DTRAIN, "ps", "--workers", "2", "--ps", "1", "-x", f"DTRAIN_TEST_MARK={mark}"]
+    example = [
+        "python",
+        "examples/tf_ps_train.py",
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path),
+    ]
+    done = subprocess.run(
+        ["salloc", "-N3", "-n3", *ps, *example],
+        capture_output=True, text=True, env=slurm_cluster.env(child_env()), cwd=REPO, timeout=280,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "test accuracy" in done.stdout
+    nodes = {m for m in re.findall(r"^\[\w+@(node\d)\]", done.stdout, re.MULTILINE)}
+    assert nodes == {"node1", "node2", "node3"}, done.stdout[-2000:]  # tasks on every node
     assert slurm_cluster.steps() == []
