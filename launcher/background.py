@@ -23,6 +23,7 @@ from pathlib import Path
 from launcher.config import DEFAULT_GRACE_S, JobConfig, config_from_json, config_to_json
 from launcher.errors import UsageError
 from launcher.jobs import (
+    ACTIVE,
     STOP_MARK,
     JobDir,
     find_job,
@@ -130,7 +131,7 @@ def stop_job(root: Path, wanted: str | None) -> str:
     found = find_job(root, wanted) if wanted is not None else only_running_job(root)
     status = found.status()
     state = found.state()  # "lost" when the recorded pid now names another process
-    if state not in ("running", "starting"):
+    if state not in ACTIVE:  # running, starting, or between two attempts (restarting)
         raise UsageError(f"job {found.id} is not running ({state})", "see dtrain jobs")
     pid = int(status.get("launcher_pid", 0))
     host = status.get("launcher_host")

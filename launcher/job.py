@@ -184,23 +184,21 @@ def run_job(
 
 def run_attempts(attempt: Attempt) -> JobOutcome:
     """The job's attempts: after a failure, the whole job again (``--max-restarts``) on new
-    ports, once nothing of the failed attempt runs anywhere (the supervisor saw to that)."""
+    ports, once nothing of the failed attempt runs anywhere (the supervisor saw to that).
+    From the end of the first attempt on, a signal to dtrain (Ctrl-C, SIGTERM, dtrain stop)
+    at any moment, between attempts too, means no more attempts."""
+    outcome = attempt.run()
+    if not isinstance(outcome, Finished) or not attempt.config.max_restarts:
+        return outcome
+    signalled = threading.Event()
+    with caught_signals(lambda signum: signalled.set(), enabled=True):
+        return later_attempts(attempt, outcome, signalled)
+
+
+def later_attempts(attempt: Attempt, outcome: Finished, signalled: threading.Event) -> JobOutcome:
     config, ports = attempt.config, set[int]()
     failed: dict[str, float] = {}  # host -> when it failed
-    last: JobOutcome | None = None
     while True:
-        try:
-            outcome = attempt.run()
-        except LauncherError as exc:
-            if last is None:
-                raise
-            # The job ends as its last attempt did: that is the failure to report.
-            attempt.frontend.notice(f"dtrain: cannot restart: {exc}")
-            attempt.record_end(last)
-            return last
-        if not isinstance(outcome, Finished):
-            return outcome
-        last = outcome
         result = outcome.result
         ports.update([outcome.master_port] if outcome.master_port else [])
         failed.update({host: time.monotonic() for host in outcome.failed_hosts})
@@ -208,23 +206,41 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
         after = decide_restart(end, attempt.number, config.max_restarts, config.restart_delay_s)
         if after is None:
             return outcome
+        if signalled.is_set():  # (during the attempt's own end: the view, the record)
+            attempt.record_end(outcome)
+            return outcome
         cooldown = config.placement.blacklist_cooldown_s
         attempt.frontend.notice(restart_notice(result, after, config.max_restarts))
+        delay = after.delay_s
         if outcome.failed_hosts:
             back = f"; back after {cooldown:g} s" if cooldown is not None else ""
             hosts = ", ".join(sorted(outcome.failed_hosts))
             attempt.frontend.notice(f"dtrain: leaving out {hosts} (failed{back})")
-        if not pause(after.delay_s):
+            # A cut-off host's agent ends its ranks by itself after the host timeout and the
+            # grace: the next attempt waits that long, so no rank of this one runs any more.
+            delay = max(delay, config.ssh.host_timeout_s + config.grace_s)
+        if signalled.wait(delay):
+            attempt.frontend.notice("dtrain: signalled while waiting: no restart")
             attempt.record_end(outcome)
-            return outcome  # a signal while waiting: no restart
-        excluded = hosts_left_out(failed, time.monotonic(), cooldown)
+            return outcome
         attempt = replace(
             attempt,
             number=after.attempt,
             avoid_ports=frozenset(ports),
-            excluded=excluded,
+            excluded=hosts_left_out(failed, time.monotonic(), cooldown),
             world_size=None if config.placement.elastic else result.world_size,
+            cancelled=signalled,
         )
+        try:
+            next_outcome = attempt.run()
+        except LauncherError as exc:
+            # The job ends as its last attempt did: that is the failure to report.
+            attempt.frontend.notice(f"dtrain: cannot restart: {exc}")
+            attempt.record_end(outcome)
+            return outcome
+        if not isinstance(next_outcome, Finished):
+            return next_outcome
+        outcome = next_outcome
 
 
 STACKS_TIMEOUT_S = 25.0
@@ -324,13 +340,6 @@ def restart_notice(result: JobResult, after: RestartAfter, max_restarts: int) ->
     )
 
 
-def pause(seconds: float) -> bool:
-    """Wait between attempts; False when dtrain is signalled meanwhile (Ctrl-C, stop)."""
-    stop = threading.Event()
-    with caught_signals(lambda signum: stop.set(), enabled=True):
-        return not stop.wait(seconds)
-
-
 @dataclass(frozen=True)
 class Attempt:
     """One attempt of a job: plan -> survey -> bind GPUs -> specs -> dry run or supervise."""
@@ -350,6 +359,7 @@ class Attempt:
     avoid_ports: frozenset[int] = frozenset()  # rendezvous ports of the attempts before
     excluded: frozenset[str] = frozenset()  # hosts that failed in the attempts before
     world_size: int | None = None  # a restart's size when it may not change (not elastic)
+    cancelled: threading.Event | None = None  # set: a signal came while a restart was surveyed
 
     def run(self) -> JobOutcome:
         config = self.config
@@ -366,6 +376,8 @@ class Attempt:
             if surveyed.site.remote_hosts and isinstance(config.placement.nproc_per_node, str):
                 plan = plan_job(config, self.environ, surveyed.site, self.excluded)  # counted
                 LOG.debug("plan by the hosts' GPUs and cores: %s", describe_plan(plan))
+            if self.cancelled is not None and self.cancelled.is_set():
+                raise LauncherError("dtrain was signalled while the restart was being prepared")
             plan = bind_job_gpus(plan, surveyed, config)
             plan = bind_cpus(plan, surveyed.site.cpus, config.placement.bind_to)
             if config.placement.report_bindings:
@@ -509,6 +521,7 @@ class Attempt:
                 on_hang=lambda dumps: self.report_hang(job, dumps, plan.world_size),
             ),
             on_stopping=self.frontend.notice,
+            append_output=self.number > 0,
         )
 
     def record_end(self, outcome: JobOutcome) -> None:

@@ -167,7 +167,8 @@ def decide(state: JobState, event: Event) -> tuple[JobState, Action]:
             return state, Finish(state.exit_code)
         return state, Continue()
     if isinstance(event, Interrupted):
-        if state.stopping:
+        if state.stopping:  # (a signal while stopping for a failure: remembered, no restart)
+            state = replace(state, interrupt=state.interrupt or event.signum)
             if state.killing:
                 return state, Continue()
             return replace(state, killing=True), KillAll()

@@ -77,9 +77,9 @@ class RankRun:
         self.last_line = b""
         self.started = not hasattr(process, "started")  # a remote rank's start comes later
 
-    def watch(self, output_dir: Path | None) -> None:
+    def watch(self, output_dir: Path | None, append: bool = False) -> None:
         """Start a reader per stream and a waiter; ``output_dir`` gets raw copies of the streams."""
-        append = self.state.restarts > 0  # a restart appends to the copies of earlier runs
+        append = append or self.state.restarts > 0  # a restart appends to earlier runs' copies
         for stream in STREAMS:
             copy = open_copy(output_dir, self.spec.rank, stream, append)
             threading.Thread(target=self.pump, args=(stream, copy), daemon=True).start()

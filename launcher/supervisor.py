@@ -106,6 +106,7 @@ class Supervisor:
         worker_restarts: int = 0,
         limits: TimeLimits | None = None,
         on_stopping: Callable[[str], None] | None = None,
+        append_output: bool = False,
     ) -> None:
         self.specs = list(specs)
         self.transport = transport
@@ -120,6 +121,7 @@ class Supervisor:
         self.worker_restarts = worker_restarts
         self.limits = limits or TimeLimits()
         self.on_stopping = on_stopping  # told what a signal to dtrain does (the Ctrl-C hint)
+        self.append_output = append_output  # a restart: --output-dir keeps the earlier attempts
         self.began = self.clock.now()
         self.quiet_since: float | None = None  # a hang already reported: silence counts anew
         self.events: queue.SimpleQueue[Message] = queue.SimpleQueue()
@@ -168,7 +170,7 @@ class Supervisor:
                         r.spec.host.name,
                         r.status,
                         r.process.cause is not None,
-                        rank in self.stopped,
+                        self.ended_by_us(rank, r.status),
                     )
                     for rank, r in self.runs.items()
                 ]
@@ -334,7 +336,7 @@ class Supervisor:
         self.runs[spec.rank] = run
         LOG.debug("rank %d started on %s (pid %s)", spec.rank, spec.host.name, process.pid)
         self.output.post_state(state)
-        run.watch(self.output_dir)
+        run.watch(self.output_dir, append=self.append_output)
 
     def restart(self, rank: int) -> None:
         """Start a rank again in place: same spec, same environment, one more restart."""
@@ -420,6 +422,13 @@ class Supervisor:
             thread.join(timeout_s + 1)
         return rows
 
+    def ended_by_us(self, rank: int, status: int | None) -> bool:
+        """Did dtrain's own signal end this rank?  A SIGKILL that dtrain did not send (it had
+        only sent SIGTERM) is not dtrain's: the OOM killer, a dying machine."""
+        if rank not in self.stopped:
+            return False
+        return not (status == -signal.SIGKILL and rank not in self.sigkilled)
+
     def settle(self) -> None:
         """Wait until nothing of any rank runs: each watchdog ends what its program left
         (within the grace) and exits.  A restart starts only after this."""
@@ -427,7 +436,9 @@ class Supervisor:
         for run in [*self.runs.values(), *self.retired]:
             if not run.process.gone(max(0.0, end - time.monotonic())):
                 self.unsettled.add(run.spec.rank)
-                LOG.debug("rank %d: its watchdog is still there", run.spec.rank)
+                LOG.debug("rank %d: its watchdog is still there: SIGKILL", run.spec.rank)
+                run.process.signal(signal.SIGKILL)  # the group too (the local fallback)
+                run.process.gone(SETTLE_EXTRA_S)
 
     def report(self, rank: int) -> RankReport:
         run = self.runs[rank]

@@ -217,3 +217,11 @@ def test_a_failure_before_the_time_limit_keeps_its_code() -> None:
     state, _ = decide(start_state(frozenset({0, 1})), RankExited(0, 3))
     state, action = decide(state, TimedOut("late"))
     assert action == Continue() and state.exit_code == 3
+
+
+def test_a_signal_while_stopping_for_a_failure_is_remembered() -> None:
+    """Ctrl-C just after a rank failed: the job is already stopping, but no restart may follow."""
+    state, _ = decide(start_state(frozenset({0, 1})), RankExited(0, 3))
+    state, action = decide(state, Interrupted(signal.SIGINT))
+    assert action == KillAll() and state.interrupt == signal.SIGINT
+    assert state.exit_code == 3  # the failure's code still

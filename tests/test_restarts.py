@@ -260,3 +260,29 @@ def test_each_attempt_is_recorded_and_its_logs_selectable(mark: str) -> None:
         assert [a for a, *_ in attempts_seen(logs.stdout)] == [number, number], logs.stdout
     missing = run_dtrain("logs", job, "--attempt", "3")
     assert missing.returncode == 2 and "has attempts 0 to 2" in missing.stderr
+
+
+def test_dtrain_stop_between_attempts_ends_the_job(mark: str, tmp_path: Path) -> None:
+    proc = start_dtrain(
+        "run", "-np", "2", "--max-restarts", "3", "--restart-delay", "30", "--grace", "0.5",
+        *rank_args(mark, attempts=99),
+    )  # fmt: skip
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    while "restart 1 of 3" not in (line := proc.stderr.readline()):
+        assert line and time.monotonic() < deadline, "no restart announced"
+    stopped = run_dtrain("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3 and "no restart" in err
+    assert wait_until_gone(mark) == []
+
+
+def test_output_dir_keeps_every_attempt(mark: str, tmp_path: Path) -> None:
+    result = run_dtrain(
+        "run", "-np", "2", "--max-restarts", "1", "--restart-delay", "0", "--grace", "0.5",
+        "--output-dir", str(tmp_path / "out"), *rank_args(mark),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    kept = (tmp_path / "out" / "rank.1" / "stdout").read_text()
+    assert "attempt 0 rank 1" in kept and "attempt 1 rank 1" in kept
