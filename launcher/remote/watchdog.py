@@ -144,8 +144,18 @@ def end_leftovers(pgid: int, grace_s: float) -> None:
     while rank_processes(pgid) and time.monotonic() < deadline:
         time.sleep(POLL_S)
         reap_any()
-    signal_all(pgid, signal.SIGKILL)
-    reap_any()
+    # SIGKILL until nothing is left: a leftover that forks while it is being killed leaves
+    # children (new pids, orphaned to us, the subreaper) that one round would miss.
+    deadline = time.monotonic() + KILL_ROUNDS_S
+    while True:
+        signal_all(pgid, signal.SIGKILL)
+        reap_any()
+        if not rank_processes(pgid) or time.monotonic() > deadline:
+            return
+        time.sleep(POLL_S)
+
+
+KILL_ROUNDS_S = 10.0  # SIGKILL rounds for leftovers that keep forking, at most
 
 
 def watch_control(pgid: int, grace_s: float) -> None:
