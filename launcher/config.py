@@ -202,6 +202,7 @@ def validate_config(config: JobConfig) -> JobConfig:
             "drop --standalone, or drop -H/--hostfile",
         )
     check_elastic(placement)
+    check_restart_options(config)
     if config.module and config.no_python:
         raise UsageError("-m/--module and --no-python both given", "use one of them")
     if view.tag_format is not None:
@@ -230,6 +231,30 @@ def check_elastic(placement: PlacementConfig) -> None:
             "--min-np/--max-np count ranks, --nproc-per-node ranks per host",
             "use -np with --min-np/--max-np",
         )
+
+
+def check_restart_options(config: JobConfig) -> None:
+    """Options that only a restart uses, given without --max-restarts: say so, not ignore."""
+    placement = config.placement
+    if (
+        placement.min_np is not None
+        and placement.np is not None
+        and placement.min_np > placement.np
+    ):
+        raise UsageError(f"--min-np {placement.min_np} is more than -np {placement.np}", "lower it")
+    if config.max_restarts:
+        return
+    for flag, given in (
+        ("--min-np", placement.min_np is not None),
+        ("--max-np", placement.max_np is not None),
+        ("--blacklist-cooldown", placement.blacklist_cooldown_s is not None),
+        ("--restart-delay", config.restart_delay_s is not None),
+    ):
+        if given:
+            raise UsageError(
+                f"{flag} acts between attempts, but --max-restarts is 0",
+                f"add --max-restarts N, or drop {flag}",
+            )
 
 
 def check_host_sources(host_lists: tuple[str, ...], hostfile: str | None) -> None:

@@ -102,3 +102,18 @@ def test_valid_configs_pass_and_survive_json(config: JobConfig) -> None:
 def test_rank_set_parses_the_list() -> None:
     assert ViewConfig(ranks="0, 3,,7").rank_set == frozenset({0, 3, 7})
     assert ViewConfig().rank_set is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"min_np": 2}, "--min-np acts between attempts, but --max-restarts is 0"),
+        ({"blacklist_cooldown_s": 5.0}, "--blacklist-cooldown acts between attempts"),
+        ({"min_np": 3, "np": 2, "max_restarts": 1}, "--min-np 3 is more than -np 2"),
+    ],
+)
+def test_restart_options_need_restarts(changes: dict[str, object], message: str) -> None:
+    job = {k: changes.pop(k) for k in ("max_restarts",) if k in changes}
+    config = JobConfig(command=("true",), placement=PlacementConfig(**changes), **job)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=message):
+        validate_config(config)
