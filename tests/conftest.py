@@ -212,7 +212,12 @@ def slurm_cluster(slurm_cluster_session: SlurmCluster) -> Iterator[SlurmCluster]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use the Slurm cluster are marked ``slurm`` (``-m "not slurm"`` skips them)."""
+    """Tests that use the Slurm cluster are marked ``slurm`` (``-m "not slurm"`` skips them), and
+    run last: its slurmds live in the test hosts' namespaces until the session ends, which the
+    tests that tear the hosts down and check that nothing is left must not see."""
+    cluster = {"slurm_cluster", "slurm_cluster_session"}
+    uses = {id(item): bool(cluster & set(getattr(item, "fixturenames", ()))) for item in items}
     for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+        if uses[id(item)]:
             item.add_marker(pytest.mark.slurm)
+    items.sort(key=lambda item: uses[id(item)])  # stable: the others keep their order
