@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -339,6 +340,17 @@ JOB_DIR_OPTION = click.option(
 )
 @click.option("-n", "--tail", type=click.IntRange(0), metavar="N", help="Only the last N lines.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--collapse", is_flag=True, help="Identical lines of several ranks once, tagged [0-7]."
+)
+@click.option(
+    "--collapse-window",
+    type=click.FloatRange(0.01, 60),
+    default=0.5,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --collapse: how far apart the same line may come from different ranks.",
+)
 @JOB_DIR_OPTION
 def logs(
     job: str | None,
@@ -350,6 +362,8 @@ def logs(
     attempt: int | None,
     tail: int | None,
     as_json: bool,
+    collapse: bool,
+    collapse_window: float,
     job_dir: str | None,
 ) -> int:
     """Show a job's logs (default: the latest job; with -f the running one), merged by time,
@@ -378,13 +392,22 @@ def logs(
     if running:  # -f without a job: the running one (the latest started), said so
         several = f" (the latest of {len(running)} running)" if len(running) > 1 else ""
         click.echo(f"dtrain: following job {found.id}{several}", err=True)
-    view = LogView(found.recorded_specs(), sys.stdout, as_json)
+    view = LogView(
+        found.recorded_specs(), sys.stdout, as_json, collapse_window if collapse else None
+    )
     skip = 0
     if tail is not None:  # the backlog's last N lines (then, with -f, what comes)
         skip = max(0, sum(1 for _ in select_lines(found, view.specs, query, False)) - tail)
-    for index, line in enumerate(select_lines(found, view.specs, query, follow)):
+
+    def idle(seconds: float) -> None:  # following: lines held for collapsing come out on time
+        view.tick(time.time())
+        time.sleep(seconds)
+
+    lines = select_lines(found, view.specs, query, follow, sleep=idle)
+    for index, line in enumerate(lines):
         if index >= skip:
             view.show_line(line)
+    view.finish()
     if not as_json:
         for text in format_ending(found.id, found.state(), recorded_result(found)):
             click.echo(text, err=True)

@@ -109,6 +109,8 @@ class ViewConfig:
     lossy: bool = False  # --lossy-view: a terminal that falls behind drops lines (counted)
     local_ranks: str | None = None  # --local-ranks 0: only these local ranks (on every host)
     hide: tuple[str, ...] = ()  # streams kept off the terminal (torchrun's --redirects 1/2)
+    collapse: bool | None = None  # identical lines of several ranks once; None: on a terminal
+    collapse_window_s: float = 0.5  # how long a line waits for the same line from other ranks
 
     @property
     def rank_set(self) -> frozenset[int] | None:

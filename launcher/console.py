@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TextIO
 
+from launcher.collapse import Collapsed, Collapser, rank_set
 from launcher.command import LaunchSpec
 from launcher.config import ViewConfig, parse_ranks
 from launcher.errors import LauncherError
@@ -52,6 +53,7 @@ RANK_COLORS = (
     "bright_blue",
 )
 STDERR_MARK = "<stderr>"
+GROUP_COLOR = "bright_white"  # the tag of a line several ranks said
 BAR_EVERY_S = 1.0  # a piped view shows a rank's progress bar at most this often
 
 
@@ -95,12 +97,21 @@ class LineView:
             self.files["stderr"].flush()
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        prefix = self.prefix(spec, stream)
+        self.write(self.prefix(spec, stream), spec.rank, stream, lines)
+
+    def show_group(self, specs: Sequence[LaunchSpec], stream: Stream, lines: list[bytes]) -> None:
+        """Lines that several ranks said alike, once, tagged with their rank set."""
+        if len(specs) == 1:
+            self.show(specs[0], stream, lines)
+        else:
+            self.write(self.group_prefix(specs, stream), specs[0].rank, stream, lines)
+
+    def write(self, prefix: str, rank: int, stream: Stream, lines: list[bytes]) -> None:
         file = self.files[stream]
         if file in self.broken:
             return
         if any(line.endswith(b"\r") for line in lines):
-            lines = self.thin_bars((spec.rank, stream), lines)
+            lines = self.thin_bars((rank, stream), lines)
             if not lines:
                 return
         marker = ("\n" + prefix).encode()
@@ -162,6 +173,29 @@ class LineView:
         if not self.timed:
             self.prefixes[key] = prefix
         return prefix
+
+    def group_prefix(self, specs: Sequence[LaunchSpec], stream: Stream) -> str:
+        """The tag of a collapsed line: ``{rank}`` is the rank set (``0-3,5``), ``{host}`` the
+        hosts, the other fields likewise; one colour for every group."""
+
+        def distinct(values: Iterable[str]) -> str:
+            return ",".join(dict.fromkeys(values))
+
+        chief = all(s.role == "chief" for s in specs)
+        tag = self.tag_format.format(
+            rank=rank_set(s.rank for s in specs),
+            host=distinct(s.host.name for s in specs),
+            local_rank=rank_set(s.local_rank for s in specs),
+            node_rank=rank_set(s.node_rank for s in specs),
+            role=distinct(s.role for s in specs),
+            task="" if chief else rank_set(s.task for s in specs),
+            time=time.strftime("%H:%M:%S", time.localtime(self.clock())),
+        )
+        mark = STDERR_MARK if stream == "stderr" else ""
+        if self.color:
+            tag = self.paint(tag, GROUP_COLOR)
+            mark = self.paint(mark, "red") if mark else ""
+        return f"{tag}{mark} "
 
     def paint(self, text: str, color: str) -> str:
         from rich.color import ColorSystem
@@ -458,6 +492,26 @@ class JsonLinesView:
         )
         self.out.flush()
 
+    def show_group(self, specs: Sequence[LaunchSpec], stream: Stream, lines: list[bytes]) -> None:
+        """Collapsed lines: the first rank's fields and every rank in ``ranks``."""
+        first = specs[0]
+        base = {
+            "time": round(self.clock(), 6),
+            "host": first.host.name,
+            "rank": first.rank,
+            "ranks": [s.rank for s in specs],
+            "role": first.role,
+        }
+        if len({s.host.name for s in specs}) > 1:
+            base["hosts"] = list(dict.fromkeys(s.host.name for s in specs))
+        self.out.write(
+            "".join(
+                json.dumps({**base, "stream": stream, "text": text}) + "\n"
+                for text in decode_lines(lines)
+            )
+        )
+        self.out.flush()
+
     def update(self, state: RankState) -> None:
         """Only output lines are written."""
 
@@ -502,6 +556,59 @@ class RankFilter:
 
     def update(self, state: RankState) -> None:
         self.view.update(state)
+
+
+class CollapsingView:
+    """Identical lines of several ranks shown once, tagged with the rank set (``[0-7] text``):
+    ``--collapse``, the default on a terminal.  A line waits at most the window for the same
+    line from other ranks; the outlet's writer thread ticks this view when a window closes
+    and flushes it at the end, so it is only ever called from that one thread."""
+
+    def __init__(
+        self,
+        view: Any,
+        world_size: int,
+        window_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.view = view
+        self.collapser = Collapser(world_size, window_s)
+        self.specs: dict[int, LaunchSpec] = {}
+        self.clock = clock
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        if spec.label:  # mpirun's own lines are nobody's rank: shown as they come
+            self.view.show(spec, stream, lines)
+            return
+        self.specs[spec.rank] = spec
+        now = self.clock()
+        self.emit(self.collapser.add_lines(spec.rank, stream, lines, now))
+
+    def update(self, state: RankState) -> None:
+        self.view.update(state)
+
+    def next_due(self) -> float | None:
+        return self.collapser.next_due()
+
+    def tick(self) -> None:
+        self.emit(self.collapser.due(self.clock()))
+
+    def flush(self) -> None:
+        self.emit(self.collapser.flush())
+
+    def emit(self, items: Sequence[Collapsed]) -> None:
+        """Consecutive lines of the same ranks and stream go to the view as one batch."""
+        start = 0
+        for end in range(1, len(items) + 1):
+            if end == len(items) or (items[end].ranks, items[end].stream) != (
+                items[start].ranks,
+                items[start].stream,
+            ):
+                first = items[start]
+                specs = [self.specs[rank] for rank in first.ranks]
+                lines = [line for item in items[start:end] for line in item.lines]
+                self.view.show_group(specs, first.stream, lines)
+                start = end
 
 
 class LiveView:
@@ -551,18 +658,29 @@ class LiveView:
             self.console.print(self.status_text(), highlight=False)
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        self.show_group((spec,), stream, lines)
+
+    def show_group(self, specs: Sequence[LaunchSpec], stream: Stream, lines: list[bytes]) -> None:
+        """Lines of one rank, or lines several ranks said alike (tagged with their set)."""
         from rich.text import Text
 
         finished = [line for line in lines if not line.endswith(b"\r")]
         if len(finished) != len(lines):
             last = next(line for line in reversed(lines) if line.endswith(b"\r"))
             if last != b"\r":  # a bare carriage return before the first state: nothing yet
-                self.progress[spec.rank] = (spec, stream, decode_lines([last])[0])
+                bar = decode_lines([last])[0]
+                for spec in specs:
+                    self.progress[spec.rank] = (spec, stream, bar)
         if not finished:
             return
-        if self.progress.pop(spec.rank, None) is not None and self.live is not None:
+        ended = [self.progress.pop(spec.rank, None) for spec in specs]
+        if any(bar is not None for bar in ended) and self.live is not None:
             self.live.refresh()  # the bar goes before the line that ends it is printed
-        prefix = self.line_view.prefix(spec, stream)
+        prefix = (
+            self.line_view.prefix(specs[0], stream)
+            if len(specs) == 1
+            else self.line_view.group_prefix(specs, stream)
+        )
         text = Text.from_ansi("".join(prefix + line + "\n" for line in decode_lines(finished)))
         text.rstrip()
         self.console.print(text, highlight=False, soft_wrap=True)
@@ -699,18 +817,49 @@ class TerminalFrontend:
 class LogView:
     """``dtrain logs``: a recorded job's lines, tagged as they were when it ran (or JSON)."""
 
-    def __init__(self, specs: Mapping[int, LaunchSpec], out: TextIO, as_json: bool = False) -> None:
+    def __init__(
+        self,
+        specs: Mapping[int, LaunchSpec],
+        out: TextIO,
+        as_json: bool = False,
+        collapse_window_s: float | None = None,
+    ) -> None:
         self.specs = specs
         tag = default_tag((s.role for s in specs.values()), (s.host.name for s in specs.values()))
         self.view: LineView | JsonLinesView = LineView(out, out, tag_format=tag)
         if as_json:
             self.view = JsonLinesView(out)
+        # --collapse: identical lines of several ranks once, grouped by the lines' own times
+        self.collapser = (
+            Collapser(max(1, len(specs)), collapse_window_s) if collapse_window_s else None
+        )
+
+    def spec(self, rank: int) -> LaunchSpec:
+        return self.specs.get(rank) or LaunchSpec(rank, Host("?"), 0, (), {})
 
     def show_line(self, line: LogLine) -> None:
-        spec = self.specs.get(line.rank) or LaunchSpec(line.rank, Host("?"), 0, (), {})
+        if self.collapser is not None:
+            self.emit(self.collapser.add(line.rank, line.stream, line.text, line.time))
+            return
         if isinstance(self.view, JsonLinesView):
             self.view.clock = lambda: line.time  # the line's own time, not now
-        self.view.show(spec, line.stream, [line.text])
+        self.view.show(self.spec(line.rank), line.stream, [line.text])
+
+    def tick(self, now: float) -> None:
+        """While following: the groups whose window closed by ``now`` (wall time)."""
+        if self.collapser is not None:
+            self.emit(self.collapser.due(now))
+
+    def finish(self) -> None:
+        if self.collapser is not None:
+            self.emit(self.collapser.flush())
+
+    def emit(self, items: Sequence[Collapsed]) -> None:
+        for item in items:
+            if isinstance(self.view, JsonLinesView):
+                self.view.clock = lambda: item.time  # noqa: B023 (used at once)
+            specs = [self.spec(rank) for rank in item.ranks]
+            self.view.show_group(specs, item.stream, list(item.lines))  # type: ignore[arg-type]
 
 
 def format_ending(job_id: str, state: str, result: JobResult | None) -> list[str]:
@@ -754,6 +903,12 @@ def make_view(
     else:
         view = line_view
     ranks, local = config.rank_set, config.local_ranks
+    collapse = config.collapse
+    if collapse is None:  # the default: on a terminal, where copies cost the reader
+        collapse = out.isatty() and not config.as_json
+    if collapse and not config.quiet and world_size > 1:
+        shown = len([r for r in ranks if r < world_size]) if ranks is not None else world_size
+        view = CollapsingView(view, max(1, shown), config.collapse_window_s)
     if ranks is not None or local is not None or config.hide:
         local_set = set(parse_ranks(local, "--local-ranks")) if local is not None else None
         view = RankFilter(view, set(ranks) if ranks is not None else None, local_set, config.hide)

@@ -165,6 +165,18 @@ view_options = stacked(
     ),
     option("--quiet", "Show only the summary; all is logged.", is_flag=True),
     option(
+        "--collapse/--no-collapse",
+        "Show identical lines of several ranks once, tagged [0-7] (default: on a terminal).",
+        default=None,
+    ),
+    option(
+        "--collapse-window collapse_window_s",
+        "How long a line waits for the same line from other ranks.",
+        type=click.FloatRange(0.01, 60),
+        default=0.5,
+        **SECONDS,
+    ),
+    option(
         "-v --verbose",
         "Say what dtrain does (connections, agents, plan, signals), with timestamps.",
         is_flag=True,

@@ -41,6 +41,13 @@ class Lines:
 Item = Lines | RankState
 
 
+class Tick:
+    """What ``take`` gives when its deadline passed with nothing queued: a timed sink's turn."""
+
+
+TICK = Tick()
+
+
 class OutputQueue:
     """FIFO of lines and states; lines are bounded per rank (``limit_bytes`` each)."""
 
@@ -83,11 +90,19 @@ class OutputQueue:
                 self.items.append(state)
                 self.ready.notify_all()
 
-    def take(self) -> tuple[Item | None, int]:
-        """The next item (None once closed and empty), and the lines dropped before it."""
+    def take(self, deadline: float | None = None) -> tuple[Item | Tick | None, int]:
+        """The next item (None once closed and empty; ``TICK`` when ``deadline``, a
+        ``time.monotonic`` time, passed first), and the lines dropped before it."""
         with self.ready:
             while not self.items and not self.closed and not self.abandoned:
-                self.ready.wait()
+                if deadline is None:
+                    self.ready.wait()
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    dropped, self.dropped = self.dropped, 0
+                    return TICK, dropped
+                self.ready.wait(left)
             dropped, self.dropped = self.dropped, 0
             if not self.items or self.abandoned:
                 return None, dropped
@@ -135,14 +150,21 @@ class Outlet:
         self.thread.start()
 
     def write(self) -> None:
+        # A sink that holds lines for a while (the collapsing view) says until when, gets a
+        # tick then, and a flush at the end (not when abandoned: then nothing more is shown).
+        next_due = getattr(self.sink, "next_due", None)
         while True:
-            item, dropped = self.queue.take()
+            item, dropped = self.queue.take(next_due() if next_due is not None else None)
             try:
                 if dropped and self.on_drop is not None:
                     self.on_drop(dropped)
                 if item is None:
+                    if next_due is not None and not self.queue.abandoned:
+                        self.sink.flush()  # type: ignore[attr-defined]
                     return
-                if isinstance(item, Lines):
+                if isinstance(item, Tick):
+                    self.sink.tick()  # type: ignore[attr-defined]
+                elif isinstance(item, Lines):
                     self.sink.show(item.spec, item.stream, item.lines)
                 else:
                     self.sink.update(item)

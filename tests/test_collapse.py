@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import io
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.collapse import Collapsed, Collapser, expand, rank_set, same_text
+from launcher.collapse import MAX_HELD, Collapsed, Collapser, expand, rank_set, same_text
+from launcher.command import LaunchSpec
+from launcher.console import CollapsingView, JsonLinesView, LineView
+from launcher.hosts import Host
+from launcher.outlets import Outlet
+from tests.conftest import py, run_dtrain
+from tests.test_jobs import job_id_of
 
 
 def test_identical_lines_of_every_rank_come_out_once_at_once() -> None:
     c = Collapser(world_size=4)
     assert [c.add(r, "stderr", b"UserWarning: numpy", now=0.1) for r in range(3)] == [[], [], []]
     assert c.add(3, "stderr", b"UserWarning: numpy", now=0.2) == [
-        Collapsed((0, 1, 2, 3), "stderr", b"UserWarning: numpy")
+        Collapsed((0, 1, 2, 3), "stderr", (b"UserWarning: numpy",))
     ]
 
 
@@ -21,7 +33,7 @@ def test_a_line_of_some_ranks_comes_out_when_its_window_closes() -> None:
     c.add(2, "stdout", b"loading", now=1.0)
     c.add(5, "stdout", b"loading", now=1.2)
     assert c.due(1.49) == []
-    assert c.due(1.5) == [Collapsed((2, 5), "stdout", b"loading")]
+    assert c.due(1.5) == [Collapsed((2, 5), "stdout", (b"loading",))]
     assert c.next_due() is None
 
 
@@ -31,9 +43,9 @@ def test_lines_that_differ_are_never_merged() -> None:
     c.add(1, "stdout", b"rank 1 loss 0.49", now=0)
     c.add(1, "stderr", b"rank 0 loss 0.51", now=0)  # same text, other stream
     assert c.flush() == [
-        Collapsed((0,), "stdout", b"rank 0 loss 0.51"),
-        Collapsed((1,), "stdout", b"rank 1 loss 0.49"),
-        Collapsed((1,), "stderr", b"rank 0 loss 0.51"),
+        Collapsed((0,), "stdout", (b"rank 0 loss 0.51",)),
+        Collapsed((1,), "stdout", (b"rank 1 loss 0.49",)),
+        Collapsed((1,), "stderr", (b"rank 0 loss 0.51",)),
     ]
 
 
@@ -53,7 +65,7 @@ def test_log_prefixes_differing_in_time_pid_or_thread_are_the_same_line() -> Non
     for pair in (glog, absl, logging):
         c = Collapser(world_size=2)
         c.add(0, "stderr", pair[0], now=0)
-        assert c.add(1, "stderr", pair[1], now=0.1) == [Collapsed((0, 1), "stderr", pair[0])]
+        assert c.add(1, "stderr", pair[1], now=0.1) == [Collapsed((0, 1), "stderr", (pair[0],))]
     other_file = (
         b"[W1123 08:38:17.186481407 socket.cpp:208] [c10d] The hostname cannot be retrieved."
     )
@@ -67,9 +79,9 @@ def test_each_rank_keeps_its_order() -> None:
     c.add(1, "stdout", b"B", now=0)  # joins B
     c.add(1, "stdout", b"A", now=0)  # may not join A (before B): a group of its own
     assert c.flush() == [
-        Collapsed((0,), "stdout", b"A"),
-        Collapsed((0, 1), "stdout", b"B"),
-        Collapsed((1,), "stdout", b"A"),
+        Collapsed((0,), "stdout", (b"A",)),
+        Collapsed((0, 1), "stdout", (b"B",)),
+        Collapsed((1,), "stdout", (b"A",)),
     ]
 
 
@@ -115,3 +127,153 @@ def test_expanding_gives_back_every_ranks_lines_in_order(
         assert due is None or due > now  # nothing overdue is held back
     out += c.flush()
     assert expand(out) == sent
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    world=st.integers(1, 4),
+    batches=st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+            st.sampled_from(["stdout", "stderr"]),
+            st.floats(0, 0.4),
+        ),
+        max_size=30,
+    ),
+)
+def test_batches_expand_back_to_every_ranks_lines_in_order(
+    world: int, batches: list[tuple[int, list[bytes], str, float]]
+) -> None:
+    c = Collapser(world_size=world, window_s=0.5)
+    now, out, sent = 0.0, [], {}
+    for rank, lines, stream, step in batches:
+        rank %= world
+        now += step
+        out += c.add_lines(rank, stream, lines, now)
+        sent.setdefault(rank, []).extend((stream, same_text(t)) for t in lines)
+    out += c.flush()
+    assert expand(out) == sent
+
+
+def test_batches_of_the_same_lines_collapse_line_by_line() -> None:
+    c = Collapser(world_size=3)
+    lines = [b"epoch %d" % i for i in range(5)]
+    out = c.add_lines(0, "stdout", lines, now=0) + c.add_lines(1, "stdout", lines[:3], now=0.1)
+    assert out == []
+    out = c.add_lines(2, "stdout", lines, now=0.1)  # every rank said the first three: out
+    assert out == [Collapsed((0, 1, 2), "stdout", (line,)) for line in lines[:3]]
+    assert c.add_lines(1, "stdout", lines[3:], now=0.2) == [
+        Collapsed((0, 1, 2), "stdout", (line,)) for line in lines[3:]
+    ]
+    assert c.held == 0
+
+
+def test_a_flood_is_let_out_early_so_memory_stays_bounded() -> None:
+    c = Collapser(world_size=2, window_s=60)
+    shown = 0
+    for i in range(40):
+        batch = [b"rank 0 line %d-%d" % (i, j) for j in range(10_000)]
+        shown += sum(len(item.lines) for item in c.add_lines(0, "stdout", batch, now=i * 0.01))
+        assert c.held <= MAX_HELD
+    assert shown >= 40 * 10_000 - MAX_HELD  # well before any window closed
+
+
+# The collapsing view in the job's output path: tags, JSON, the writer thread's ticks.
+
+
+def spec_of(rank: int, host: str = "localhost") -> LaunchSpec:
+    return LaunchSpec(rank, Host(host), rank % 2, ("true",), {}, node_rank=rank // 2)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_view_tags_a_collapsed_line_with_its_rank_and_host_sets() -> None:
+    out = io.StringIO()
+    clock = Clock()
+    view = CollapsingView(LineView(out, out, tag_format="[{rank}@{host}]"), 4, 0.5, clock)
+    for rank in range(4):
+        view.show(spec_of(rank, f"node{rank // 2 + 1}"), "stdout", [b"same", f"r{rank}".encode()])
+    assert out.getvalue() == "[0-3@node1,node2] same\n"  # every rank said it: out at once
+    clock.now = 0.6
+    view.tick()
+    assert out.getvalue().splitlines()[1:] == [
+        "[0@node1] r0",
+        "[1@node1] r1",
+        "[2@node2] r2",
+        "[3@node2] r3",
+    ]
+
+
+def test_other_tag_fields_become_sets_too() -> None:
+    out = io.StringIO()
+    clock = Clock()
+    tag = "[{role}{task} {local_rank}/{node_rank}]"
+    view = CollapsingView(LineView(out, out, tag_format=tag), 3, 0.5, clock)
+    for rank in range(3):
+        view.show(replace(spec_of(rank), task=rank), "stderr", [b"W"])
+    assert out.getvalue() == "[worker0-2 0-1/0-1]<stderr> W\n"
+
+
+def test_json_lines_carry_the_ranks_list() -> None:
+    out = io.StringIO()
+    clock = Clock()
+    view = CollapsingView(JsonLinesView(out, clock=lambda: 5.0), 2, 0.5, clock)
+    view.show(spec_of(0), "stdout", [b"hi"])
+    view.show(spec_of(1), "stdout", [b"hi"])
+    view.show(spec_of(1), "stdout", [b"only one"])
+    view.flush()
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(r["ranks"], r["rank"], r["text"]) for r in records] == [
+        ([0, 1], 0, "hi"),
+        ([1], 1, "only one"),
+    ]
+
+
+def test_the_writer_thread_lets_a_lone_line_out_when_its_window_closes() -> None:
+    out = io.StringIO()
+    view = CollapsingView(LineView(out, out), 4, 0.2)
+    outlet = Outlet(view)
+    outlet.queue.put_lines(spec_of(2), "stdout", [b"only rank 2 says this"])
+    deadline = time.monotonic() + 10
+    while not out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)  # no other line comes: the tick alone lets it out
+    assert out.getvalue() == "[2] only rank 2 says this\n"
+    outlet.queue.put_lines(spec_of(1), "stdout", [b"held at the end"])
+    assert outlet.finish(timeout_s=10)  # the queue closes: the view is flushed
+    assert out.getvalue().endswith("[1] held at the end\n")
+
+
+def test_mpiruns_own_lines_are_not_held() -> None:
+    out = io.StringIO()
+    view = CollapsingView(LineView(out, out), 4, 0.5, Clock())
+    view.show(replace(spec_of(0), label="mpirun"), "stderr", [b"daemon died"])
+    assert out.getvalue() == "[mpirun]<stderr> daemon died\n"
+
+
+def test_dtrain_logs_collapse_reads_a_finished_jobs_logs(mark: str, tmp_path: Path) -> None:
+    code = (
+        "import os, sys, time\n"
+        "room = sys.argv[1]; rank = os.environ['RANK']\n"
+        "open(os.path.join(room, rank), 'w').close()\n"
+        "while len(os.listdir(room)) < 4: time.sleep(0.01)\n"
+        "print('loading the dataset', flush=True); print('rank', rank, flush=True)\n"
+    )
+    job = run_dtrain("run", "-np", "4", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code), str(tmp_path))
+    assert job.returncode == 0, job.stderr
+    assert job.stdout.count("loading the dataset") == 4  # a pipe: every rank's line
+    job_id = job_id_of(job.stderr)
+    shown = run_dtrain("logs", job_id, "--collapse", "--collapse-window", "5")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines.count("[0-3] loading the dataset") == 1
+    assert sorted(ln for ln in lines if " rank " in ln) == [f"[{r}] rank {r}" for r in range(4)]
+    as_json = run_dtrain("logs", job_id, "--collapse", "--collapse-window", "5", "--json")
+    records = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [r["ranks"] for r in records if r["text"] == "loading the dataset"] == [[0, 1, 2, 3]]

@@ -12,6 +12,7 @@ import struct
 import subprocess
 import termios
 import time
+from pathlib import Path
 
 import pytest
 
@@ -85,8 +86,58 @@ def test_forty_ranks_of_progress_bars_fit_the_terminal(mark: str) -> None:
     assert longest <= 8  # never a row per rank: at most 8, else the summary
     live = [ln for ln in lines if ln.startswith(("dtrain 2", "progress of"))]  # status, summary
     assert live and all(len(line) <= 80 for line in live), max(live, key=len)
-    assert sum(1 for line in lines if line.endswith("] done")) == 40
+    done = [re.fullmatch(r"\[([\d,-]+)\] done", line) for line in lines]
+    assert sorted(r for m in done if m for r in expand_ranks(m[1])) == list(range(40))
     assert wait_until_gone(mark) == []
+
+
+def expand_ranks(text: str) -> list[int]:
+    """``0-3,5`` -> [0, 1, 2, 3, 5]: the ranks of a collapsed line's tag."""
+    ranks: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        ranks.extend(range(int(first), int(last or first) + 1))
+    return ranks
+
+
+# Every rank waits for all to start (a file each in a shared folder), then says the same
+# warning (with its own logging timestamp), a line of its own, and the same closing line.
+SAME_WARNING = (
+    "import logging, os, sys, time\n"
+    "rank, size, room = int(os.environ['RANK']), int(os.environ['WORLD_SIZE']), sys.argv[1]\n"
+    "open(os.path.join(room, str(rank)), 'w').close()\n"
+    "while len(os.listdir(room)) < size: time.sleep(0.01)\n"
+    "logging.basicConfig(format='%(asctime)s %(levelname)s %(message)s')\n"
+    "logging.warning('numpy is not available: some features are disabled')\n"
+    "time.sleep(0.05)\n"
+    "print(f'loss of rank {rank}: {rank / 10:.2f}', flush=True)\n"
+    "time.sleep(0.05)\n"
+    "print('epoch 1 done', flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("collapse", [True, False])
+def test_eight_ranks_saying_the_same_warning_show_it_once(
+    mark: str, tmp_path: Path, collapse: bool
+) -> None:
+    args = ["run", "-np", "8", "--oversubscribe", "-x", f"DTRAIN_TEST_MARK={mark}"]
+    if collapse:
+        args += ["--collapse-window", "3"]  # a loaded machine may start ranks far apart
+    else:
+        args += ["--no-collapse"]
+    code, screen = on_terminal([*args, *py(SAME_WARNING), str(tmp_path)])
+    assert code == 0, screen[-2000:]
+    lines = screen.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    warnings = [ln for ln in lines if "numpy is not available" in ln]
+    losses = sorted(ln for ln in lines if "loss of rank" in ln)
+    assert losses == [f"[{r}] loss of rank {r}: {r / 10:.2f}" for r in range(8)]  # never merged
+    if collapse:
+        assert len(warnings) == 1, warnings
+        assert re.match(r"\[0-7\]<stderr> \d{4}-\d\d-\d\d [\d:,]+ WARNING numpy", warnings[0])
+        assert [ln for ln in lines if ln.endswith("epoch 1 done")] == ["[0-7] epoch 1 done"]
+    else:
+        assert len(warnings) == 8
+        assert sum(1 for ln in lines if ln.endswith("epoch 1 done")) == 8
 
 
 def test_a_few_bars_are_drawn_tagged_like_their_lines(mark: str) -> None:
@@ -103,9 +154,9 @@ def test_ctrl_c_says_what_it_does_and_how_to_hurry(mark: str) -> None:
             "3",
             "-x",
             f"DTRAIN_TEST_MARK={mark}",
-            *py("import time; print('up', flush=True); time.sleep(60)"),
+            *py("import os, time; print('up', os.environ['RANK'], flush=True); time.sleep(60)"),
         ],
-        interrupt_after="[2] up",
+        interrupt_after="[2] up 2",
     )
     assert code == 130
     assert "dtrain: stopping 3 rank(s) (grace 5 s); Ctrl-C again to kill now" in screen
