@@ -243,6 +243,46 @@ def later_attempts(attempt: Attempt, outcome: Finished, signalled: threading.Eve
         outcome = next_outcome
 
 
+StacksSource = Callable[[float], dict[int, tuple[str, dict[str, Any]]]]
+
+
+def mpi_stacks(job_id: str, plan: Plan, surveyed: Survey) -> StacksSource:
+    """``dtrain stacks`` for an --mpi job: on each host of the plan, its processes of the job's
+    ranks (mpirun started them, not dtrain: found by DTRAIN_JOB_ID and OMPI_COMM_WORLD_RANK),
+    asked here directly and over the survey's SSH connections elsewhere."""
+    from launcher.transport.local import local_mpi_stacks
+
+    hosts = list(dict.fromkeys(rank.host.name for rank in plan.ranks))
+
+    def take(timeout_s: float) -> dict[int, tuple[str, dict[str, Any]]]:
+        found: dict[int, tuple[str, dict[str, Any]]] = {}
+        errors: dict[str, str] = {}
+
+        def on(host: str) -> None:
+            if surveyed.site.local.get(host, True) or host not in surveyed.connections:
+                dumps = local_mpi_stacks(job_id)
+            else:
+                from launcher.transport.ssh import dump_mpi_stacks
+
+                dumps = dump_mpi_stacks(surveyed.connections[host], job_id, timeout_s)
+            if isinstance(dumps.get("error"), str):
+                errors[host] = dumps["error"]
+                return
+            found.update({int(rank): (host, dump) for rank, dump in dumps.items()})
+
+        threads = [threading.Thread(target=on, args=(host,), daemon=True) for host in hosts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout_s + 1)
+        for rank in plan.ranks:
+            why = errors.get(rank.host.name, "not running (not started yet, or ended)")
+            found.setdefault(rank.rank, (rank.host.name, {"error": why}))
+        return found
+
+    return take
+
+
 STACKS_TIMEOUT_S = 25.0
 STATS_TIMEOUT_S = 5.0
 
@@ -425,7 +465,10 @@ class Attempt:
                 )
             transport = self.transports(None, self.config, self.environ)
             remote = bool(surveyed.site.remote_hosts)
-            result = self.supervise(plan, specs, [launch.spec], transport, launch.spec, remote)
+            stacks = mpi_stacks(self.job_id, plan, surveyed)
+            result = self.supervise(
+                plan, specs, [launch.spec], transport, launch.spec, remote, stacks
+            )
             return Finished(result)
 
     def supervise(
@@ -436,8 +479,10 @@ class Attempt:
         transport: Transport,
         mpi_launcher: LaunchSpec | None = None,
         remote: bool = False,
+        stacks: StacksSource | None = None,
     ) -> JobResult:
-        """Run ``started`` under the supervisor; the job directory records, the view shows."""
+        """Run ``started`` under the supervisor; the job directory records, the view shows
+        (``stacks``: under --mpi, how to find the ranks' stacks where mpirun started them)."""
         config = self.config
         job = self.open_job_dir(plan)
         recorder = JobRecorder(job)
@@ -465,6 +510,7 @@ class Attempt:
         )
         output = Fanout([Outlet(journal, name="job directory"), view_outlet])
         supervisor = self.make_supervisor(job, plan, started, transport, output, mpi_launcher)
+        supervisor.stacks = stacks
         showing.__enter__()
         result: JobResult | None = None
         control = open_control(job, supervisor)

@@ -107,8 +107,10 @@ class Supervisor:
         limits: TimeLimits | None = None,
         on_stopping: Callable[[str], None] | None = None,
         append_output: bool = False,
+        stacks: Callable[[float], dict[int, tuple[str, dict[str, Any]]]] | None = None,
     ) -> None:
         self.specs = list(specs)
+        self.stacks = stacks  # --mpi: the ranks' stacks, where mpirun started them
         self.transport = transport
         # Lines go from the ranks' readers to the outlets' writers; the loop posts states only.
         # A bare sink is a journal: run() returns once it has everything.
@@ -379,6 +381,8 @@ class Supervisor:
 
     def dump_stacks(self, timeout_s: float) -> dict[int, tuple[str, dict[str, Any]]]:
         """Every running rank's Python stacks (py-spy, where each rank runs), in parallel."""
+        if self.stacks is not None:
+            return self.stacks(timeout_s)
         running = {rank: run for rank, run in list(self.runs.items()) if run.running}
         found: dict[int, tuple[str, dict[str, Any]]] = {}
 

@@ -98,6 +98,24 @@ def test_stacks_over_ssh(ssh_hosts: TestHosts, tmp_path: Path, mark: str) -> Non
     assert wait_until_gone(mark) == []
 
 
+def test_stacks_of_mpi_ranks(tmp_path: Path, mark: str) -> None:
+    pytest.importorskip("mpi4py")
+    out = stacks_of_running_job("--mpi", "-np", "4", tmp_path=tmp_path, mark=mark)
+    assert out.splitlines()[1:] == expected("localhost", "localhost", tmp_path / "train.py")
+    assert wait_until_gone(mark) == []
+
+
+@pytest.mark.sshhosts
+def test_stacks_of_mpi_ranks_over_ssh(ssh_hosts: TestHosts, tmp_path: Path, mark: str) -> None:
+    pytest.importorskip("mpi4py")
+    out = stacks_of_running_job(
+        "--mpi", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1:2,node2:2",
+        tmp_path=tmp_path, mark=mark,
+    )  # fmt: skip
+    assert out.splitlines()[1:] == expected("node1, node2", "node2", tmp_path / "train.py")
+    assert wait_until_gone(mark) == []
+
+
 def test_a_rank_that_is_not_python_says_why(mark: str) -> None:
     proc = start_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "60")
     try:

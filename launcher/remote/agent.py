@@ -157,6 +157,66 @@ def dump_stacks(watchdog_pid: int, py_spy_hint: "str | None") -> dict:  # type: 
     pid = program_pid(watchdog_pid)
     if pid is None:
         return {"error": "the rank's program is not running"}
+    return dump_pid(pid, py_spy_hint)
+
+
+def mpi_rank_pids(job_id: str) -> "dict[int, int]":
+    """This host's processes of an ``--mpi`` job's ranks: rank -> the topmost process whose
+    environment has the job's DTRAIN_JOB_ID and Open MPI's OMPI_COMM_WORLD_RANK (and that
+    share this process's network namespace: hosts that are namespaces of one machine)."""
+    job = f"DTRAIN_JOB_ID={job_id}".encode()
+    try:
+        here = os.readlink("/proc/self/ns/net")
+    except OSError:
+        here = None
+    found: dict[int, tuple[int, int]] = {}  # pid -> (rank, parent)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                variables = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if job not in variables:
+            continue
+        try:
+            if here is not None and os.readlink(f"/proc/{entry}/ns/net") != here:
+                continue
+        except OSError:
+            continue
+        for variable in variables:
+            if variable.startswith(b"OMPI_COMM_WORLD_RANK="):
+                found[int(entry)] = (int(variable.split(b"=", 1)[1]), parent)
+    tops: dict[int, int] = {}
+    for pid, (rank, parent) in sorted(found.items()):
+        if found.get(parent, (None,))[0] != rank:  # its parent is not the same rank's
+            tops.setdefault(rank, pid)
+    return tops
+
+
+def dump_mpi_stacks(job_id: str, py_spy_hint: "str | None") -> dict:  # type: ignore[type-arg]
+    """Every ``--mpi`` rank of the job on this host: rank (as text) -> its py-spy dump."""
+    found: dict = {}  # type: ignore[type-arg]
+
+    def take(rank: int, pid: int) -> None:
+        found[str(rank)] = dump_pid(pid, py_spy_hint)
+
+    threads = [
+        threading.Thread(target=take, args=item, daemon=True)
+        for item in mpi_rank_pids(job_id).items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return found
+
+
+def dump_pid(pid: int, py_spy_hint: "str | None") -> dict:  # type: ignore[type-arg]
+    """A process's Python stacks (py-spy dump --json), or why there are none."""
     py_spy = find_py_spy(py_spy_hint)
     if py_spy is None:
         return {"pid": pid, "error": "py-spy is not installed on this host (pip install py-spy)"}

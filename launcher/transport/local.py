@@ -105,6 +105,12 @@ class LocalProcess:
             signal_group(self.pid, signal.SIGKILL)  # the watchdog leads the group
 
 
+def local_mpi_stacks(job_id: str) -> dict[str, Any]:
+    """The Python stacks of an ``--mpi`` job's ranks on this machine (rank as text -> dump)."""
+    found: dict[str, Any] = agent.dump_mpi_stacks(job_id, local_py_spy())
+    return found
+
+
 def local_py_spy() -> str | None:
     """py-spy here: beside dtrain's interpreter (a dependency), else on PATH."""
     return agent.find_py_spy(None)

@@ -16,6 +16,7 @@ import logging
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -870,3 +871,23 @@ class SshTransport:
         for host in self.agents.values():
             host.close()
             host.connection.close()
+
+
+def dump_mpi_stacks(connection: SshConnection, job_id: str, timeout_s: float) -> dict[str, Any]:
+    """The Python stacks of an ``--mpi`` job's ranks on a remote host (mpirun started them,
+    not an agent): the agent's own code runs there once, over the open connection."""
+    program = (
+        AGENT_SOURCE
+        + (
+            f"\nprint(json.dumps(dump_mpi_stacks({job_id!r}, {agent.find_py_spy(None)!r})))\n"
+        ).encode()
+    )
+    command = build_remote_command(sys.executable, ["-I", "-S", "-"])
+    try:
+        code, out, err = connection.run(command, timeout_s, stdin=program)
+        if code != 0:
+            return {"error": (err.strip().splitlines() or [f"exit status {code}"])[-1]}
+        found: dict[str, Any] = json.loads(out)
+        return found
+    except (OSError, paramiko.SSHException, ValueError, HostConnectionError) as exc:
+        return {"error": f"cannot ask {connection.host.name}: {exc}"}
