@@ -1,0 +1,131 @@
+"""What collapsing identical lines costs, and what it saves (``--collapse``).
+
+Two producers, 8 ranks each writing 200,000 lines of 80 bytes in large chunks
+(the log-throughput benchmark's producer and tags):
+
+* distinct: every line carries its rank and sequence number, so nothing can
+  collapse; this is the cost of looking (``--collapse`` against ``--no-collapse``);
+* identical: every rank writes the same lines (sequence number only), so each
+  line can print once for all 8 ranks; this is what it saves (bytes on the pipe).
+
+Runs are interleaved (plain, collapse, plain, ...); medians.  The pipe's
+content is checked: with ``--no-collapse`` every rank's line under its tag; with
+``--collapse`` every line of every rank once expanded from its rank-set tag.
+
+    python benchmarks/collapse_cost.py [--reps 3] [--lines 200000] [--write docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from log_throughput import CHUNK_LINES, PRODUCER, RANKS, Run, run_launcher, write_section
+
+SECTION = "## Collapsing identical lines: cost and savings"
+SAME_PRODUCER = PRODUCER.replace("template % (rank, seq)", "template % (0, seq)")
+TAG = re.compile(rb"^\[([\d,-]+)\] rank=(\d+) seq=(\d+) ", re.M)
+
+
+def expand(ranks: bytes) -> list[int]:
+    found: list[int] = []
+    for part in ranks.decode().split(","):
+        first, _, last = part.partition("-")
+        found.extend(range(int(first), int(last or first) + 1))
+    return found
+
+
+def check(stdout: bytes, lines: int, same: bool) -> str:
+    """Every rank's every line present once, in order within the rank (tags expanded)."""
+    seen: dict[int, list[int]] = {r: [] for r in range(RANKS)}
+    for match in TAG.finditer(stdout):
+        for rank in expand(match[1]):
+            if not same and int(match[2]) != rank:
+                return f"rank {rank}'s tag on rank {int(match[2])}'s line"
+            seen[rank].append(int(match[3]))
+    bad = [r for r, seqs in seen.items() if seqs != list(range(lines))]
+    return "ok" if not bad else f"ranks {bad} lost or reordered lines"
+
+
+def one_run(dtrain: str, producer: Path, lines: int, collapse: bool) -> tuple[Run, int, str]:
+    flag = "--collapse" if collapse else "--no-collapse"
+    with tempfile.TemporaryDirectory(prefix="dtrain-bench-") as tmp:
+        argv = [dtrain, "run", "-np", str(RANKS), "--plain", flag, "--job-dir", tmp]
+        run = run_launcher([*argv, sys.executable, str(producer), str(lines)], dict(os.environ))
+    if run.returncode != 0:
+        raise SystemExit(run.stderr.decode("utf-8", "replace")[-2000:])
+    return run, len(run.stdout), check(run.stdout, lines, "same" in producer.name)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--lines", type=int, default=200_000)
+    parser.add_argument("--write", type=Path, help="put the section into this markdown file")
+    args = parser.parse_args()
+    dtrain = shutil.which("dtrain") or str(Path(sys.executable).parent / "dtrain")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dtrain-bench-") as tmp:
+        producers = {
+            "distinct": Path(tmp, "distinct.py"),
+            "identical": Path(tmp, "same.py"),
+        }
+        producers["distinct"].write_text(PRODUCER)
+        producers["identical"].write_text(SAME_PRODUCER)
+        load_before = os.getloadavg()[0]
+        for kind, producer in producers.items():
+            runs: dict[bool, list[tuple[Run, int, str]]] = {False: [], True: []}
+            for _ in range(args.reps):
+                for collapse in (False, True):
+                    runs[collapse].append(one_run(dtrain, producer, args.lines, collapse))
+            rows.append((kind, runs))
+        load_after = os.getloadavg()[0]
+    text = section(rows, args, load_before, load_after)
+    print(text)
+    if args.write:
+        write_section(args.write, text)
+    return 0
+
+
+def section(rows: list, args: argparse.Namespace, before: float, after: float) -> str:  # type: ignore[type-arg]
+    total = RANKS * args.lines
+    out = [
+        SECTION,
+        "",
+        f"`python benchmarks/collapse_cost.py --reps {args.reps} --write docs/benchmarks.md` "
+        f"({time.strftime('%Y-%m-%d')}).",
+        "",
+        f"Machine: {os.cpu_count()} cores ({platform.machine()}, Linux {platform.release()}), "
+        f"Python {platform.python_version()}. {RANKS} ranks on this machine, each writing "
+        f"{args.lines:,} lines of 80 bytes in ~{CHUNK_LINES * 80 // 1024} KiB writes "
+        f"({total:,} lines); dtrain's stdout is a pipe read to the end. {args.reps} runs of "
+        f"each, interleaved; medians. Load average before / after: {before:.1f} / {after:.1f}.",
+        "",
+        "| lines | flag | wall s | lines/s | launcher CPU s | bytes on the pipe | checked |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for kind, runs in rows:
+        for collapse in (False, True):
+            done = runs[collapse]
+            wall = statistics.median(r.wall_s for r, _, _ in done)
+            cpu = statistics.median(r.launcher_cpu_s for r, _, _ in done)
+            size = statistics.median(n for _, n, _ in done)
+            checks = sorted({c for _, _, c in done})
+            out.append(
+                f"| {kind} | `{'--collapse' if collapse else '--no-collapse'}` | {wall:.2f} | "
+                f"{total / wall:,.0f} | {cpu:.2f} | {size:,.0f} | {', '.join(checks)} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
