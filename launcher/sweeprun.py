@@ -446,15 +446,22 @@ class Running:
     scanner: MetricScanner
 
 
-def launcher_error(job: JobDir) -> str | None:
-    """The last ``dtrain:`` line the trial's launcher wrote (why it could not run, say)."""
+def launcher_report(job: JobDir) -> tuple[list[str], str | None]:
+    """What the trial's launcher said (launcher.log's end): its notes and warnings, and why
+    the trial failed, in one line (its error, or the failed rank and its last line)."""
     try:
         with open(job.path / "launcher.log", "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
-        return None
-    return next((ln for ln in reversed(lines) if ln.startswith("dtrain: error")), None)
+        return [], None
+    notes = [ln for ln in lines if ln.startswith(("dtrain: note", "dtrain: warning"))]
+    error = next((ln for ln in reversed(lines) if ln.startswith("dtrain: error")), None)
+    failed = next((ln for ln in lines if ln.startswith("dtrain: rank ")), None)
+    if error is None and failed is not None:
+        last = next((ln.strip() for ln in reversed(lines) if ln.startswith("    ")), None)
+        error = failed.removeprefix("dtrain: ").split(";")[0] + (f": {last}" if last else "")
+    return notes, error
 
 
 def outcome_of(job: JobDir, returncode: int, stopping: bool) -> tuple[str, int]:
@@ -502,6 +509,7 @@ class SweepRunner:
         self.forwarded = 0
         self.reader: LogReader | None = None
         self.tries: dict[int, int] = {}  # runs of each trial in this sweep run
+        self.notes: set[str] = set()
         self.local_gpus = self.find_local_gpus()
 
     def find_local_gpus(self) -> dict[int, tuple[str, ...]]:
@@ -623,7 +631,13 @@ class SweepRunner:
                 self.show_followed()
                 self.reader = None
             state, exit_code = outcome_of(run.job, code, bool(self.signals))
-            error = launcher_error(run.job) if state == "failed" else None
+            notes, error = launcher_report(run.job)
+            for note in notes:
+                if note not in self.notes:  # once a sweep: every trial's launcher says it
+                    self.notes.add(note)
+                    self.frontend.notice(note)
+            if state != "failed":
+                error = None
             self.finish(run.record, state, exit_code, time.monotonic() - run.started, error)
 
     def finish(
@@ -646,7 +660,10 @@ class SweepRunner:
             record.state = "pending"
             self.queue.appendleft(record)
         elif state == "failed" and error:
-            self.frontend.notice(f"dtrain: trial {record.index}: {error}")
+            self.frontend.notice(
+                f"dtrain: trial {record.index}: {error.removeprefix('dtrain: ')} "
+                f"(dtrain logs {record.jobs[-1] if record.jobs else '-'})"
+            )
         self.sweep.save()
 
     def read_output(self) -> None:

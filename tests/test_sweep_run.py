@@ -246,6 +246,26 @@ def test_dry_run_lists_the_trials() -> None:
     assert json.loads(again.stdout) == trials  # the same seed, the same draws
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_example_trains_and_the_table_ranks_it(mark: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    result = run_dtrain(
+        "sweep", "--json", "--plain", "--grid", "lr=0.1,0.001", "-H", "localhost:2",
+        "--objective", "val_acc", "--maximize", "-x", f"DTRAIN_TEST_MARK={mark}",
+        sys.executable, "examples/sweep_train.py", "--lr", "{lr}", "--epochs", "5",
+        timeout=230,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    trials = results(result.stdout)["trials"]
+    assert [t["params"]["lr"] for t in trials] == ["0.1", "0.001"]  # a tiny step learns less
+    good, slow = (t["metrics"] for t in trials)
+    assert good["epoch"] == slow["epoch"] == 5
+    assert good["val_acc"] > 0.9 and slow["val_acc"] < good["val_acc"]
+    assert good["final_val_acc"] == good["val_acc"]  # $DTRAIN_METRICS_FILE agrees
+
+
 # Over the SSH test hosts: every trial a job on the hosts' slots.
 @pytest.mark.sshhosts
 def test_a_sweep_over_two_ssh_hosts(ssh_hosts: TestHosts, mark: str) -> None:
@@ -285,3 +305,26 @@ def test_torch_trials_of_two_ranks_over_ssh_hosts(ssh_hosts: TestHosts, mark: st
     assert [t["hosts"] for t in trials] == ["node3:2", "node1:1,node2:1"]
     assert [t["metrics"]["world"] for t in trials] == [2.0, 2.0]
     assert_nothing_left(ssh_hosts, mark)
+
+
+@pytest.mark.sshhosts
+def test_ctrl_c_stops_the_trials_on_every_host(ssh_hosts: TestHosts, mark: str) -> None:
+    from tests.test_ssh import assert_nothing_left, ssh
+
+    proc = start_dtrain(
+        "sweep", *ssh(ssh_hosts), "--plain", "-H", "node1:1,node2:1", "--grid", "x=1,2,3",
+        "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", "sleep 300 & wait",
+    )  # fmt: skip
+    sweep_id = sweep_id_of(proc)
+    wait_for_pids(mark, 4)  # the shells and sleeps of trials 0 and 1, on node1 and node2
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert_nothing_left(ssh_hosts, mark)
+    assert launchers_of(sweep_id) == []
+    trials = sweep_record(sweep_id)["trials"]
+    assert [(t["state"], t["hosts"]) for t in trials] == [
+        ("stopped", "node1:1"),
+        ("stopped", "node2:1"),
+        ("pending", None),
+    ]
