@@ -227,8 +227,14 @@ def create_sweep(
     sweep_id = new_job_id()
     records = [TrialRecord(t.index, t.params, t.command) for t in trials]
     sweep = Sweep(sweep_id, root / SWEEPS / sweep_id, root, base, hosts, settings, space, records)
-    make_private_dir(sweep.path, exist_ok=False)
-    sweep.save()
+    try:
+        make_private_dir(sweep.path, exist_ok=False)
+        sweep.save()
+    except OSError as exc:
+        raise UsageError(
+            f"--job-dir {root}: cannot create the sweep's directory ({exc.strerror})",
+            "give a directory you can write to",
+        ) from None
     return sweep
 
 
@@ -573,6 +579,7 @@ class SweepRunner:
             if placement is None:
                 return  # the trial waits for slots
             record = self.queue.popleft()
+            self.tries[record.index] = self.tries.get(record.index, 0) + 1  # (a failed start too)
             try:
                 self.start(record, placement)
             except (OSError, UsageError) as exc:
@@ -600,7 +607,6 @@ class SweepRunner:
         record.jobs.append(job_id)
         record.exit_code = record.duration_s = None
         record.metrics = {}
-        self.tries[record.index] = self.tries.get(record.index, 0) + 1
         self.running[record.index] = Running(
             record, trial, process, job, placement, port, time.monotonic(), MetricScanner(job)
         )

@@ -3,6 +3,7 @@ hosts, queueing, failures, retries, Ctrl-C, --resume."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -117,6 +118,45 @@ def test_retries_run_a_failed_trial_again(tmp_path: Path, mark: str) -> None:
     assert json.loads((JOBS / second / "status.json").read_text())["exit_code"] == 0
 
 
+def test_max_parallel_caps_the_trials_at_once(mark: str) -> None:
+    code = (
+        "import time; s = time.time(); time.sleep(1); print('metric: s=%f e=%f' % (s, time.time()))"
+    )
+    result = run_dtrain(
+        "sweep", "--json", "--plain", "--max-parallel", "1", "--grid", "x=1,2,3",
+        "-H", "localhost:3", "-x", f"DTRAIN_TEST_MARK={mark}", sys.executable, "-c", code,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    trials = results(result.stdout)["trials"]
+    spans = sorted((t["metrics"]["s"], t["metrics"]["e"]) for t in trials)
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
+
+
+def test_a_terminal_shows_the_live_table_and_the_followed_trial(mark: str) -> None:
+    from tests.test_terminal import on_terminal
+
+    code, screen = on_terminal(
+        [
+            "sweep", "--follow", "1", "--grid", "x=1,2,3", "-H", "localhost:2",
+            "-x", f"DTRAIN_TEST_MARK={mark}",
+            "sh", "-c", "sleep 1; echo hello {x}; echo metric: v={x}",
+        ],
+        columns=120,
+    )  # fmt: skip
+    assert code == 0, screen
+    sweep_id = screen.split("dtrain: sweep ", 1)[1].split(":", 1)[0]
+    assert f"dtrain sweep {sweep_id}: " in screen  # the live table's title
+    assert "[t1:0] hello 2" in screen and "[t0:0]" not in screen
+    final = screen[screen.rindex("trial  x  state") :].splitlines()
+    assert [line.split()[:5] for line in final[:4]] == [
+        ["trial", "x", "state", "exit", "time"],
+        ["0", "1", "succeeded", "0", final[1].split()[4]],
+        ["1", "2", "succeeded", "0", final[2].split()[4]],
+        ["2", "3", "succeeded", "0", final[3].split()[4]],
+    ]
+    assert [line.split()[5] for line in final[1:4]] == ["1", "2", "3"]  # metric v
+
+
 def launchers_of(sweep_id: str) -> list[int]:
     """Trial launchers (``python -m launcher _resume``) of this sweep still running."""
     found = []
@@ -217,6 +257,7 @@ def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: s
         (["--resume", "nosuchsweep"], "--resume nosuchsweep: no sweep matching it"),
         (["--retry-failed", "--grid", "a=1", "t.py"], "--retry-failed is for --resume"),
         (["--grid", "a=1", "-H", "bad host", "t.py"], "-H"),
+        (["--job-dir", "/proc/nope", "--grid", "a=1", "t.py"], "--job-dir /proc/nope: cannot"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
