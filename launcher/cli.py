@@ -28,16 +28,19 @@ from launcher.config import (
     pick,
 )
 from launcher.dialects import peer_options
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, UsageError
 from launcher.options import (
     COUNT,
     export_options,
     host_options,
     job_options,
     kube_options,
+    limit_options,
     option,
+    rank_options,
     slurm_options,
     ssh_options,
+    sweep_options,
 )
 
 if TYPE_CHECKING:
@@ -195,6 +198,126 @@ def ps_command(**options: Any) -> int:
     """
     options = with_peer_spellings(options)
     return start_job(config_from_options(options, ps=pick(PsConfig, options)))
+
+
+# dtrain sweep: many trials of one command over the hosts' slots, each a dtrain job.
+@cli.command("sweep", context_settings=JOB_COMMAND)
+@sweep_options
+@host_options
+@rank_options
+@limit_options
+@ssh_options
+@click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
+def sweep_command(**options: Any) -> int:
+    """Run COMMAND once per trial, {name} filled with the trial's parameters, trials side by
+    side on the hosts' free slots; a table of their metrics (metric: name=value lines).
+
+    \b
+      dtrain sweep --grid 'lr=0.1,0.01 batch=32,64' -H h1:4,h2:4 python train.py --lr {lr}
+      dtrain sweep --random 20 --param 'lr=loguniform(1e-4,1e-1)' --seed 1 train.py --lr {lr}
+      dtrain sweep --np-per-trial 2 --grid 'lr=0.1,0.01' -H h1:2,h2:2 python ddp.py --lr {lr}
+      dtrain sweep --resume SWEEP                  # the trials that did not finish
+    """
+    from launcher.jobs import jobs_root
+    from launcher.sweeprun import SweepRunner, resume_indices
+    from launcher.sweepview import SweepView, format_results, results_json
+
+    environ = dict(os.environ)
+    root = jobs_root(options["job_dir"], environ)
+    if options["resume"]:
+        sweep = resumed_sweep(options, root)
+        indices = resume_indices(sweep, options["retry_failed"])
+    else:
+        sweep = new_sweep(options, root, environ)
+        if sweep is None:  # --dry-run
+            return 0
+        indices = [t.index for t in sweep.trials]
+    live = sys.stderr.isatty() and not options["plain"]
+    view = SweepView(sweep.id, sys.stdout, sys.stderr, live)
+    view.know([row for row in sweep.rows() if row.trial not in indices])
+    view.notice(
+        f"dtrain: sweep {sweep.id}: {len(indices)} of {len(sweep.trials)} trial(s) on "
+        f"{sum(h.slots for h in sweep.hosts)} slot(s); resume with: dtrain sweep --resume "
+        f"{sweep.id}"
+    )
+    code = SweepRunner(sweep, environ, view, options["follow"]).run(indices)
+    settings = sweep.settings
+    if options["as_json"]:
+        click.echo(results_json(sweep.id, sweep.rows(), settings.objective, settings.maximize))
+    else:
+        for line in format_results(sweep.rows(), settings.objective, settings.maximize):
+            click.echo(line)
+    return code
+
+
+# What defines a sweep's trials: recorded, so --resume takes none of it.
+SWEEP_DEFINITION = {
+    "grids": "--grid",
+    "params": "--param",
+    "random_count": "--random",
+    "seed": "--seed",
+    "np_per_trial": "--np-per-trial",
+    "dry_run": "--dry-run",
+    "command": "COMMAND",
+}
+
+
+def new_sweep(options: dict[str, Any], root: Any, environ: dict[str, str]) -> Any:
+    """The sweep the options describe, recorded (None after --dry-run, which prints it)."""
+    from launcher.sweep import build_space
+    from launcher.sweeprun import SweepSettings, check_sweep, choose_seed, create_sweep
+    from launcher.sweepview import format_trials
+
+    if options["retry_failed"]:
+        raise UsageError("--retry-failed is for --resume", "add --resume SWEEP")
+    if not options["command"]:
+        raise UsageError(
+            "no command given", "write e.g. dtrain sweep --grid 'lr=0.1,0.01' train.py --lr {lr}"
+        )
+    seed = options["seed"] if options["seed"] is not None else choose_seed()
+    space = build_space(options["grids"], options["params"], options["random_count"], seed)
+    settings = SweepSettings(
+        np_per_trial=options["np_per_trial"],
+        max_parallel=options["max_parallel"],
+        retries=options["retries"] or 0,
+        objective=options["objective"],
+        maximize=bool(options["maximize"]),
+    )
+    base = config_from_options(options)
+    if options["dry_run"]:
+        trials, _ = check_sweep(base, space, settings, environ)
+        for line in format_trials(trials, options["as_json"]):
+            click.echo(line)
+        return None
+    return create_sweep(base, space, settings, root, environ)
+
+
+def resumed_sweep(options: dict[str, Any], root: Any) -> Any:
+    """``--resume ID``: the recorded sweep; -H/--hostfile, -x, --max-parallel, --retries and
+    --objective given now replace the recorded ones, the trials are as recorded."""
+    from launcher.sweeprun import load_sweep
+
+    given = [
+        flag
+        for name, flag in SWEEP_DEFINITION.items()
+        if options[name] and (name != "np_per_trial" or options[name] != 1)
+    ]
+    if given:
+        raise UsageError(
+            f"--resume and {given[0]}: a resumed sweep runs its recorded trials",
+            "drop it, or start a new sweep without --resume",
+        )
+    hosts = (
+        hosts_given(options["host_lists"], options["hostfile"])
+        if (options["host_lists"] or options["hostfile"])
+        else None
+    )
+    overrides = {
+        name: options[name]
+        for name in ("max_parallel", "retries", "objective", "maximize")
+        if options[name] is not None
+    }
+    return load_sweep(root, options["resume"], options["exports"], hosts, overrides)
 
 
 def start_job(config: JobConfig) -> int:

@@ -26,6 +26,7 @@ LAYERS = [
             "stacks",
             "collapse",
             "export",
+            "sweep",
         },
     ),
     ("remote", {"remote", "remote.agent", "remote.watchdog", "remote.probe", "remote.tf_server"}),
@@ -42,8 +43,8 @@ LAYERS = [
     ),
     ("streams", {"logs", "jobs", "outlets"}),
     ("loop", {"clock", "rankrun", "supervisor"}),
-    ("job", {"job", "survey", "background", "control"}),
-    ("view", {"console", "topview"}),
+    ("job", {"job", "survey", "background", "control", "sweeprun"}),
+    ("view", {"console", "topview", "sweepview"}),
     ("edge", {"cli", "options", "dialects", "__main__", ""}),
 ]
 LEVEL = {name: level for level, (_, names) in enumerate(LAYERS) for name in names}
