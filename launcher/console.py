@@ -637,6 +637,7 @@ class LiveView:
         self.states: dict[int, RankState] = {}
         self.progress: dict[int, tuple[LaunchSpec, Stream, str]] = {}  # rank -> its bar now
         self.live: Any = None
+        self.attempt = 0  # --max-restarts: the job's restarts before this attempt
 
     def __enter__(self) -> LiveView:
         from rich.live import Live
@@ -701,7 +702,7 @@ class LiveView:
             counts[1] += 1
         per_host = "  ".join(f"{h} {r}/{t}" for h, (r, t) in hosts.items())
         elapsed = int(self.clock() - self.started)
-        restarts = sum(s.restarts for s in states)
+        restarts = self.attempt + sum(s.restarts for s in states)
         return (
             f"dtrain {self.job_id}: {running}/{self.world_size} running  {per_host}  "
             f"exited {exited} (failed {failed}, stopped {stopped})  restarts {restarts}  "
@@ -793,15 +794,18 @@ class TerminalFrontend:
             self.err.flush()
 
     def open_view(
-        self, job_id: str, plan: Plan, remote: bool = False
+        self, job_id: str, plan: Plan, remote: bool = False, attempt: int = 0
     ) -> tuple[OutputSink, AbstractContextManager[Any]]:
         self.end_phases()
         if not self.config.as_json:
+            again = f", restart {attempt}" if attempt else ""
             self.notice(
-                f"dtrain: job {job_id} ({plan.world_size} ranks); logs: dtrain logs {job_id}"
+                f"dtrain: job {job_id} ({plan.world_size} ranks{again}); logs: dtrain logs {job_id}"
             )
         tag = default_tag((r.role for r in plan.ranks), (h.name for h in plan.hosts), remote)
-        view, showing = make_view(self.config, job_id, plan.world_size, tag, self.out, self.err)
+        view, showing = make_view(
+            self.config, job_id, plan.world_size, tag, self.out, self.err, attempt
+        )
         self.live = showing if isinstance(showing, LiveView) else None
         return view, showing
 
@@ -886,6 +890,7 @@ def make_view(
     default_tag_format: str,
     out: TextIO,
     err: TextIO,
+    attempt: int = 0,
 ) -> tuple[OutputSink, AbstractContextManager[Any]]:
     """The view a job's options ask for: quiet, JSON lines, the live view on a colour
     terminal, or plain tagged lines; ``--ranks`` filters it.  The context shows it."""
@@ -899,6 +904,7 @@ def make_view(
         view = JsonLinesView(out)
     elif line_view.color and not config.plain and out.isatty():
         live = LiveView(out, line_view, job_id, world_size)
+        live.attempt = attempt  # whole-job restarts so far count in the status line
         view, showing = live, live
     else:
         view = line_view

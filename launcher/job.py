@@ -95,7 +95,7 @@ class Frontend(Protocol):
     """The terminal, as the edge gives it to the job (the job layer never prints)."""
 
     def open_view(
-        self, job_id: str, plan: Plan, remote: bool = False
+        self, job_id: str, plan: Plan, remote: bool = False, attempt: int = 0
     ) -> tuple[OutputSink, AbstractContextManager[Any]]:
         """The sink for this job's output and states, and the context that shows it;
         ``remote``: some rank runs on another machine (tags name the host)."""
@@ -198,11 +198,13 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
 def later_attempts(attempt: Attempt, outcome: Finished, signalled: threading.Event) -> JobOutcome:
     config, ports = attempt.config, set[int]()
     failed: dict[str, float] = {}  # host -> when it failed
+    began = time.monotonic() - outcome.result.elapsed_s  # when the first attempt started
     while True:
         result = outcome.result
         ports.update([outcome.master_port] if outcome.master_port else [])
         failed.update({host: time.monotonic() for host in outcome.failed_hosts})
-        end = attempt_end(result)
+        limit = config.time_limit_s
+        end = attempt_end(result, limit is not None and time.monotonic() - began >= limit)
         after = decide_restart(end, attempt.number, config.max_restarts, config.restart_delay_s)
         if after is None:
             return outcome
@@ -230,6 +232,7 @@ def later_attempts(attempt: Attempt, outcome: Finished, signalled: threading.Eve
             excluded=hosts_left_out(failed, time.monotonic(), cooldown),
             world_size=None if config.placement.elastic else result.world_size,
             cancelled=signalled,
+            spent_s=time.monotonic() - began,
         )
         try:
             next_outcome = attempt.run()
@@ -321,11 +324,12 @@ def stuck_where(groups: Sequence[StackGroup]) -> str:
     return ", ".join(parts)
 
 
-def attempt_end(result: JobResult) -> AttemptEnd:
+def attempt_end(result: JobResult, out_of_time: bool = False) -> AttemptEnd:
     return AttemptEnd(
         result.exit_code,
         interrupted=result.interrupt is not None,
         failed_rank=result.failure.rank if result.failure else None,
+        out_of_time=out_of_time,
     )
 
 
@@ -400,6 +404,7 @@ class Attempt:
     excluded: frozenset[str] = frozenset()  # hosts that failed in the attempts before
     world_size: int | None = None  # a restart's size when it may not change (not elastic)
     cancelled: threading.Event | None = None  # set: a signal came while a restart was surveyed
+    spent_s: float = 0.0  # the attempts before took this long (--timeout is for the whole job)
 
     def run(self) -> JobOutcome:
         config = self.config
@@ -496,7 +501,9 @@ class Attempt:
             )
         if config.standing_cluster:
             self.announce_cluster(job, specs)
-        view, showing = self.frontend.open_view(self.job_id, plan, remote=remote)
+        view, showing = self.frontend.open_view(
+            self.job_id, plan, remote=remote, attempt=self.number
+        )
         journal: OutputSink = recorder
         if mpi_launcher is not None:  # mpirun's tagged lines, split back per rank for each sink
             journal = mpi_output = MpiOutput(recorder, rank_specs(plan, specs[0]), mpi_launcher)
@@ -563,7 +570,12 @@ class Attempt:
                 hang_s=config.hang_timeout_s,
                 fail_on_hang=config.on_hang == "fail",
                 start_s=config.start_timeout_s,
-                total_s=config.time_limit_s,
+                total_s=(
+                    None
+                    if config.time_limit_s is None
+                    else max(0.0, config.time_limit_s - self.spent_s)
+                ),
+                timeout_s=config.time_limit_s,
                 on_hang=lambda dumps: self.report_hang(job, dumps, plan.world_size),
             ),
             on_stopping=self.frontend.notice,

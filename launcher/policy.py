@@ -251,6 +251,7 @@ class AttemptEnd:
     exit_code: int
     interrupted: bool  # dtrain was signalled (Ctrl-C, SIGTERM, dtrain stop): never restart
     failed_rank: int | None = None
+    out_of_time: bool = False  # the job's --timeout (for all attempts) has run out
 
 
 @dataclass(frozen=True)
@@ -271,8 +272,9 @@ def decide_restart(
     """After attempt ``attempt`` (0-based) ended: the next attempt, or None (the job ends with
     this attempt's exit code).  A success or a signal to dtrain ends the job; a failure
     restarts while fewer than ``max_restarts`` restarts were made, after ``delay_s`` (given)
-    or a backoff doubling from 1 s up to 30 s."""
-    if end.interrupted or end.exit_code == 0 or attempt >= max_restarts:
+    or a backoff doubling from 1 s up to 30 s.  No restart once the job's --timeout ran out
+    (a hang or a late start, which fail an attempt, do restart)."""
+    if end.interrupted or end.out_of_time or end.exit_code == 0 or attempt >= max_restarts:
         return None
     delay = delay_s if delay_s is not None else min(FIRST_DELAY_S * 2**attempt, MAX_DELAY_S)
     return RestartAfter(attempt + 1, delay)

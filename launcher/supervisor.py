@@ -83,12 +83,16 @@ class TimeLimits:
     hang_s: float | None = None
     fail_on_hang: bool = True  # --on-hang fail (else dump and go on)
     start_s: float | None = None
-    total_s: float | None = None
+    total_s: float | None = None  # this attempt's share of --timeout
+    timeout_s: float | None = None  # --timeout as given (for the whole job, all attempts)
     on_hang: Callable[[dict[int, tuple[str, dict[str, Any]]]], str] | None = None  # -> where
 
     @property
     def any(self) -> bool:
         return any(v is not None for v in (self.hang_s, self.start_s, self.total_s))
+
+
+RESTART_COUNTS = ("DTRAIN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 
 
 class Supervisor:
@@ -244,7 +248,8 @@ class Supervisor:
         """A time limit that ran out, as the policy's event; a hang first dumps the stacks."""
         now, limits = self.clock.now(), self.limits
         if limits.total_s is not None and now - self.began >= limits.total_s:
-            return TimedOut(f"the job ran longer than --timeout {limits.total_s:g} s")
+            given = limits.timeout_s if limits.timeout_s is not None else limits.total_s
+            return TimedOut(f"the job ran longer than --timeout {given:g} s")
         late = [r for r, run in self.runs.items() if not run.started]
         if limits.start_s is not None and late and now - self.began >= limits.start_s:
             hosts = sorted({self.runs[r].spec.host.name for r in late})
@@ -341,10 +346,15 @@ class Supervisor:
         run.watch(self.output_dir, append=self.append_output)
 
     def restart(self, rank: int) -> None:
-        """Start a rank again in place: same spec, same environment, one more restart."""
+        """Start a rank again in place: same spec, same environment but one more restart in
+        its restart counts (DTRAIN_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT)."""
         old = self.runs[rank]
         self.retired.append(old)
-        self.start(old.spec, restarts=old.state.restarts + 1)
+        env = dict(old.spec.env)
+        for name in RESTART_COUNTS:
+            if env.get(name, "").isdigit():
+                env[name] = str(int(env[name]) + 1)
+        self.start(replace(old.spec, env=env), restarts=old.state.restarts + 1)
 
     @property
     def running(self) -> int:

@@ -146,7 +146,7 @@ class RecordingFrontend:
         self.views: list[tuple[str, int]] = []
 
     def open_view(
-        self, job_id: str, plan: Plan, remote: bool = False
+        self, job_id: str, plan: Plan, remote: bool = False, attempt: int = 0
     ) -> tuple[OutputSink, AbstractContextManager[Any]]:
         self.views.append((job_id, plan.world_size))
         return self.sink, contextlib.nullcontext()

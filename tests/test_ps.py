@@ -342,3 +342,21 @@ def test_ps_output_is_tagged_by_role_and_task(mark: str) -> None:
     logged = run_dtrain("logs", job, "--role", "worker").stdout.splitlines()
     assert sorted(logged) == ["[worker0] worker here", "[worker1] worker here"]
     assert wait_until_gone(mark) == []
+
+
+def test_a_restarted_worker_sees_its_restart_count(mark: str, tmp_path: Path) -> None:
+    done = tmp_path / "restarted"  # the chief ends once the restarted worker has run
+    script = (
+        "echo $ROLE_NAME count=$DTRAIN_RESTART_COUNT elastic=$TORCHELASTIC_RESTART_COUNT; "
+        f"case $ROLE_NAME in ps) sleep 60;; chief) until [ -e {done} ]; do sleep 0.05; done;; "
+        f'worker) [ "$DTRAIN_RESTART_COUNT" = 1 ] || exit 3; touch {done};; esac'
+    )
+    result = run_dtrain(
+        "ps", "--workers", "1", "--ps", "1", "--restart-workers", "1",
+        "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "dtrain: restarted rank 1 (worker) on localhost (restart 1)" in result.stderr
+    worker = [line for line in result.stdout.splitlines() if line.startswith("[worker0]")]
+    assert worker == ["[worker0] worker count=0 elastic=0", "[worker0] worker count=1 elastic=1"]
+    assert wait_until_gone(mark) == []

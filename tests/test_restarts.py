@@ -286,3 +286,15 @@ def test_output_dir_keeps_every_attempt(mark: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     kept = (tmp_path / "out" / "rank.1" / "stdout").read_text()
     assert "attempt 0 rank 1" in kept and "attempt 1 rank 1" in kept
+
+
+def test_timeout_is_for_the_whole_job_not_each_attempt(mark: str) -> None:
+    result = run_dtrain(
+        "run", "--max-restarts", "20", "--restart-delay", "0", "--timeout", "4", "-np", "1",
+        "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", "sleep 1; exit 1",
+    )  # fmt: skip
+    assert result.returncode == 124, result.stderr[-2000:]
+    assert "the job ran longer than --timeout 4 s" in result.stderr
+    attempts = result.stderr.count("failed (rank 0 on localhost exit code 1)")
+    assert 1 <= attempts < 20 and "restart 20 of 20" not in result.stderr
+    assert wait_until_gone(mark) == []
