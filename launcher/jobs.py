@@ -231,7 +231,9 @@ class JobRecorder:
         self.ranks: dict[int, RankState] = {}
         self.launcher_pid = os.getpid()
         self.launcher_start = process_start(self.launcher_pid)
-        self.started = clock()
+        # A restart's recorder keeps the job's start: `dtrain jobs` times all its attempts.
+        earlier = job.status().get("started") if (job.path / "status.json").exists() else None
+        self.started = float(earlier) if isinstance(earlier, int | float) else clock()
         self.result: dict[str, Any] | None = None  # how it ended, for dtrain logs' summary
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:

@@ -297,4 +297,8 @@ def test_timeout_is_for_the_whole_job_not_each_attempt(mark: str) -> None:
     assert "the job ran longer than --timeout 4 s" in result.stderr
     attempts = result.stderr.count("failed (rank 0 on localhost exit code 1)")
     assert 1 <= attempts < 20 and "restart 20 of 20" not in result.stderr
+    job = JOBS / result.stderr.split("dtrain: job ", 1)[1].split()[0]  # its first attempt's
+    records = json.loads((job / "attempts.json").read_text())
+    started = json.loads((job / "status.json").read_text())["started"]
+    assert started <= records[0]["started"] < records[1]["started"]
     assert wait_until_gone(mark) == []
