@@ -73,6 +73,20 @@ def latest_checkpoint(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def resume_state(folder: Path, rank: int) -> dict[str, object] | None:
+    """Rank 0's latest checkpoint, sent to every rank: where --checkpoint-dir is a folder of
+    each host's own (not shared), only rank 0's host has it."""
+    state = None
+    if rank == 0:
+        checkpoint = latest_checkpoint(folder)
+        if checkpoint is not None:
+            state = torch.load(checkpoint, weights_only=True)
+            state["name"] = checkpoint.name
+    box = [state]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def save_checkpoint(folder: Path, step: int, model: torch.nn.Module, optimizer: object) -> None:
     """Atomically: a reader sees the old checkpoint or the whole new one, never a part."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -106,14 +120,13 @@ def main() -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     folder = Path(args.checkpoint_dir)
     start = 0
-    checkpoint = latest_checkpoint(folder)
-    if checkpoint is not None:
-        state = torch.load(checkpoint, weights_only=True)
-        net.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"]
+    state = resume_state(folder, rank)
+    if state is not None:
+        net.load_state_dict(state["model"])  # type: ignore[arg-type]
+        optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        start = int(state["step"])  # type: ignore[call-overload]
         if rank == 0:
-            print(f"attempt {attempt}: resuming from step {start} ({checkpoint.name})")
+            print(f"attempt {attempt}: resuming from step {start} ({state['name']})")
     elif rank == 0:
         print(f"attempt {attempt}: starting from scratch ({world} ranks)")
     total = args.epochs * (len(x_train) // GLOBAL_BATCH)
