@@ -46,3 +46,4 @@ class HostConnectionError(LauncherError):
     """A host that cannot be reached or used before the job starts."""
 
     exit_code = 1
+    hosts: frozenset[str] = frozenset()  # the hosts that could not be reached, where known

@@ -31,7 +31,7 @@ from launcher.command import LaunchSpec, describe_specs
 from launcher.config import JobConfig, validate_config
 from launcher.control import SOCKET_NAME, ControlServer
 from launcher.env import resolve_env_args
-from launcher.errors import LauncherError, PlanError
+from launcher.errors import HostConnectionError, LauncherError, PlanError
 from launcher.hosts import Host, parse_host_list
 from launcher.jobs import (
     STOP_MARK,
@@ -235,7 +235,7 @@ def later_attempts(attempt: Attempt, outcome: Finished, signalled: threading.Eve
             spent_s=time.monotonic() - began,
         )
         try:
-            next_outcome = attempt.run()
+            next_outcome = run_without_unreachable(attempt, failed)
         except LauncherError as exc:
             # The job ends as its last attempt did: that is the failure to report.
             attempt.frontend.notice(f"dtrain: cannot restart: {exc}")
@@ -284,6 +284,23 @@ def mpi_stacks(job_id: str, plan: Plan, surveyed: Survey) -> StacksSource:
         return found
 
     return take
+
+
+def run_without_unreachable(attempt: Attempt, failed: dict[str, float]) -> JobOutcome:
+    """A restart: hosts that cannot be reached now are failed hosts too (left out, with the
+    cooldown), and the attempt is planned again without them, while any are left."""
+    cooldown = attempt.config.placement.blacklist_cooldown_s
+    while True:
+        try:
+            return attempt.run()
+        except HostConnectionError as exc:
+            if not exc.hosts or exc.hosts <= attempt.excluded:
+                raise
+            attempt.frontend.notice(
+                f"dtrain: leaving out {', '.join(sorted(exc.hosts))} (unreachable: {exc.message})"
+            )
+            failed.update({host: time.monotonic() for host in exc.hosts})
+            attempt = replace(attempt, excluded=hosts_left_out(failed, time.monotonic(), cooldown))
 
 
 STACKS_TIMEOUT_S = 25.0

@@ -302,3 +302,33 @@ def test_timeout_is_for_the_whole_job_not_each_attempt(mark: str) -> None:
     started = json.loads((job / "status.json").read_text())["started"]
     assert started <= records[0]["started"] < records[1]["started"]
     assert wait_until_gone(mark) == []
+
+
+@pytest.mark.sshhosts
+def test_a_host_unreachable_at_the_restart_is_left_out(ssh_hosts: TestHosts, mark: str) -> None:
+    from tests.test_failures import set_link
+
+    proc = start_dtrain(
+        "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2,node3", "-np", "3",
+        "--min-np", "2", "--max-restarts", "1", "--restart-delay", "2", "--ssh-timeout", "3",
+        "--grace", "1", *rank_args(mark),
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        err = ""
+        while "restart 1 of 1" not in err:
+            line = proc.stderr.readline()
+            assert line, err
+            err += line
+        set_link("node3", up=False)  # node3 drops off the network before the restart
+        out, rest = proc.communicate(timeout=120)
+    finally:
+        set_link("node3", up=True)
+    err += rest
+    assert proc.returncode == 0, err
+    assert (
+        "dtrain: leaving out node3 (unreachable: node3 (198.18.0.13): no answer on port 22" in err
+    )
+    second = sorted((r, size, host) for a, r, size, host, _ in attempts_seen(out) if a == 1)
+    assert second == [("0", "2", "node1"), ("1", "2", "node2")]
+    assert wait_until_gone(mark) == []

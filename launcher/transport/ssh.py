@@ -467,18 +467,20 @@ def connect_all(
     with ThreadPoolExecutor(max_workers=min(settings.fanout, len(hosts))) as pool:
         futures = {h.name: pool.submit(connect, h, settings, config) for h in hosts}
     connections: dict[str, SshConnection] = {}
-    errors: list[HostConnectionError] = []
+    errors: dict[str, HostConnectionError] = {}
     for name, future in futures.items():
         try:
             connections[name] = future.result()
         except HostConnectionError as exc:
-            errors.append(exc)
+            errors[name] = exc
     if errors:
         for connection in connections.values():
             connection.close()
-        first = errors[0]
+        first = next(iter(errors.values()))
         more = f" (and {len(errors) - 1} more host(s) failed)" if len(errors) > 1 else ""
-        raise HostConnectionError(first.message + more, first.hint)
+        error = HostConnectionError(first.message + more, first.hint)
+        error.hosts = frozenset(errors)  # a restart leaves these out
+        raise error
     return connections
 
 
