@@ -494,6 +494,7 @@ def logs(
     from launcher.console import LogView, format_ending
     from launcher.jobs import (
         LogQuery,
+        attempt_events,
         find_job,
         jobs_root,
         parse_duration,
@@ -522,12 +523,22 @@ def logs(
     if tail is not None:  # the backlog's last N lines (then, with -f, what comes)
         skip = max(0, sum(1 for _ in select_lines(found, view.specs, query, False)) - tail)
 
-    def idle(seconds: float) -> None:  # following: lines held for collapsing come out on time
+    notes = not as_json and attempt is None  # the launcher's lines about restarts
+    looked = time.time()
+    if notes:
+        view.add_notes(attempt_events(found))
+
+    def idle(seconds: float) -> None:  # following: held lines and notes come out on time
+        if notes:
+            view.add_notes(attempt_events(found))
         view.tick(time.time())
         time.sleep(seconds)
 
     lines = select_lines(found, view.specs, query, follow, sleep=idle)
     for index, line in enumerate(lines):
+        if notes and line.time > looked:  # written since we last looked: a restart before it?
+            looked = time.time()
+            view.add_notes(attempt_events(found))
         if index >= skip:
             view.show_line(line)
     view.finish()

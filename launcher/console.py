@@ -833,6 +833,9 @@ class LogView:
         self.view: LineView | JsonLinesView = LineView(out, out, tag_format=tag)
         if as_json:
             self.view = JsonLinesView(out)
+        self.out = out
+        self.notes: list[tuple[float, str]] = []  # (time, line): the launcher's, between lines
+        self.noted: set[tuple[float, str]] = set()
         # --collapse: identical lines of several ranks once, grouped by the lines' own times
         self.collapser = (
             Collapser(max(1, len(specs)), collapse_window_s) if collapse_window_s else None
@@ -841,7 +844,20 @@ class LogView:
     def spec(self, rank: int) -> LaunchSpec:
         return self.specs.get(rank) or LaunchSpec(rank, Host("?"), 0, (), {})
 
+    def add_notes(self, notes: Iterable[tuple[float, str]]) -> None:
+        """The launcher's own lines (attempts failed, restarts), shown at their times."""
+        fresh = [note for note in notes if note not in self.noted]
+        self.noted.update(fresh)
+        self.notes = sorted(self.notes + fresh)
+
+    def show_notes(self, until: float) -> None:
+        while self.notes and self.notes[0][0] <= until:
+            self.out.write(self.notes.pop(0)[1] + "\n")
+        self.out.flush()
+
     def show_line(self, line: LogLine) -> None:
+        if self.notes:
+            self.show_notes(line.time)
         if self.collapser is not None:
             self.emit(self.collapser.add(line.rank, line.stream, line.text, line.time))
             return
@@ -853,10 +869,12 @@ class LogView:
         """While following: the groups whose window closed by ``now`` (wall time)."""
         if self.collapser is not None:
             self.emit(self.collapser.due(now))
+        self.show_notes(now)
 
     def finish(self) -> None:
         if self.collapser is not None:
             self.emit(self.collapser.flush())
+        self.show_notes(float("inf"))
 
     def emit(self, items: Sequence[Collapsed]) -> None:
         for item in items:

@@ -461,6 +461,37 @@ def attempt_window(job: JobDir, number: int) -> tuple[float, float]:
     return (start, float(later) if later is not None else float("inf"))
 
 
+def attempt_events(job: JobDir) -> list[tuple[float, str]]:
+    """What a restarted job's launcher said between its attempts, as (time, line): each
+    failed attempt that was followed by another, and each restart, so ``dtrain logs`` tells
+    the story of a detached job (the last attempt's end is the job's, said after the lines)."""
+    from launcher.policy import describe_status
+
+    events: list[tuple[float, str]] = []
+    entries = attempts_of(job)
+    for number, entry in enumerate(entries):
+        if number > 0 and isinstance(entry.get("started"), int | float):
+            hosts = ", ".join(str(h) for h in entry.get("hosts", []))
+            events.append(
+                (
+                    float(entry["started"]),
+                    f"dtrain: restart {number}: {entry.get('world_size', '?')} ranks on {hosts}",
+                )
+            )
+        ended, failure = entry.get("ended"), entry.get("failure")
+        again = number + 1 < len(entries) or job.state() == "restarting"
+        if again and isinstance(ended, int | float) and entry.get("exit_code"):
+            what = f"exit code {entry['exit_code']}"
+            if isinstance(failure, dict) and isinstance(failure.get("rank"), int):
+                status = failure.get("status")
+                cause = failure.get("cause") or (
+                    describe_status(status) if isinstance(status, int) else "failed"
+                )
+                what = f"rank {failure['rank']} on {failure.get('host', '?')} {cause}"
+            events.append((float(ended), f"dtrain: attempt {number} failed ({what})"))
+    return sorted(events)
+
+
 def select_lines(
     job: JobDir,
     specs: Mapping[int, LaunchSpec],

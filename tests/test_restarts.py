@@ -332,3 +332,22 @@ def test_a_host_unreachable_at_the_restart_is_left_out(ssh_hosts: TestHosts, mar
     second = sorted((r, size, host) for a, r, size, host, _ in attempts_seen(out) if a == 1)
     assert second == [("0", "2", "node1"), ("1", "2", "node2")]
     assert wait_until_gone(mark) == []
+
+
+def test_logs_of_a_detached_job_tell_its_attempts(mark: str) -> None:
+    started = run_dtrain(
+        "run", "--detach", "-np", "2", "--max-restarts", "1", "--restart-delay", "0.5",
+        "--grace", "0.5", *rank_args(mark),
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    job = started.stdout.split()[0]
+    followed = run_dtrain("logs", "-f", job)
+    assert followed.returncode == 0, followed.stderr
+    lines = followed.stdout.splitlines()
+    failed = lines.index("dtrain: attempt 0 failed (rank 1 on localhost exit code 3)")
+    restart = lines.index("dtrain: restart 1: 2 ranks on localhost")
+    first = [i for i, ln in enumerate(lines) if re.search(r"\] attempt 0 rank", ln)]
+    second = [i for i, ln in enumerate(lines) if re.search(r"\] attempt 1 rank", ln)]
+    assert len(first) == len(second) == 2
+    assert max(first) < failed < restart < min(second)  # told in the order it happened
+    assert wait_until_gone(mark) == []
