@@ -722,8 +722,16 @@ def plan_job(
         # One rank per local GPU, as torchrun's --nproc-per-node gpu; else one.
         default_slots = len(local_gpus) or 1
     hosts = job_hosts(config, environ, default_slots)
-    hosts = select_hosts(hosts, placement.nnodes, placement.include, placement.exclude)
-    hosts = healthy_hosts(hosts, excluded)
+    # Failed hosts go first: --nnodes N then takes the first N of the healthy ones (spares
+    # listed after them stand in for a failed host).
+    healthy = healthy_hosts(hosts, excluded)
+    try:
+        hosts = select_hosts(healthy, placement.nnodes, placement.include, placement.exclude)
+    except PlanError as exc:
+        if len(healthy) == len(hosts):
+            raise
+        left_out = ", ".join(sorted(h.name for h in hosts if h not in healthy))
+        raise PlanError(f"{exc.message} (after leaving out {left_out}: failed)", exc.hint) from None
     np = placement.np
     if placement.elastic:
         np = elastic_np(hosts, placement.np, placement.min_np, placement.max_np)

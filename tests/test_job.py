@@ -13,8 +13,8 @@ import pytest
 
 from launcher.config import JobConfig, PlacementConfig, ViewConfig
 from launcher.console import format_failure
-from launcher.errors import UsageError
-from launcher.job import DryRun, Finished, run_job
+from launcher.errors import PlanError, UsageError
+from launcher.job import DryRun, Finished, plan_job, run_job
 from launcher.jobs import JobDir
 from launcher.plan import Plan
 from launcher.specs import Site
@@ -151,3 +151,25 @@ def test_bad_config_fails_before_anything_runs(tmp_path: Path) -> None:
             {},
         )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("excluded", "expected"),
+    [((), ["a", "b"]), (("a",), ["b", "c"]), (("b",), ["a", "c"])],
+)
+def test_nnodes_takes_a_spare_host_for_a_failed_one(
+    excluded: tuple[str, ...], expected: list[str]
+) -> None:
+    config = JobConfig(
+        command=("true",), placement=PlacementConfig(host_lists=("a,b,c",), nnodes=2)
+    )
+    plan = plan_job(config, {}, excluded=excluded)
+    assert [h.name for h in plan.hosts] == expected
+
+
+def test_nnodes_without_enough_healthy_hosts_says_which_failed() -> None:
+    config = JobConfig(command=("true",), placement=PlacementConfig(host_lists=("a,b",), nnodes=2))
+    with pytest.raises(
+        PlanError, match=r"only 1 host\(s\) given \(b\) \(after leaving out a: failed\)"
+    ):
+        plan_job(config, {}, excluded=("a",))
