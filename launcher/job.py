@@ -303,6 +303,38 @@ def run_without_unreachable(attempt: Attempt, failed: dict[str, float]) -> JobOu
             attempt = replace(attempt, excluded=hosts_left_out(failed, time.monotonic(), cooldown))
 
 
+def kill_mpi_leftovers(job_id: str, plan: Plan, surveyed: Survey) -> dict[str, list[int]]:
+    """After mpirun: SIGKILL every process of the job still on a host of the plan (found by
+    its DTRAIN_JOB_ID), here and over the survey's SSH connections; host -> pids killed."""
+    from launcher.transport.local import kill_local_mpi_leftovers
+
+    killed: dict[str, list[int]] = {}
+
+    def on(host: str) -> None:
+        if surveyed.site.local.get(host, True) or host not in surveyed.connections:
+            pids = kill_local_mpi_leftovers(job_id)
+        else:
+            from launcher.transport.ssh import kill_mpi_leftovers as remote_kill
+
+            answer = remote_kill(surveyed.connections[host], job_id, LEFTOVERS_TIMEOUT_S)
+            pids = answer.get("killed") or []
+            if "error" in answer:
+                LOG.warning("cannot look for leftovers on %s: %s", host, answer["error"])
+        if pids:
+            killed[host] = pids
+
+    threads = [
+        threading.Thread(target=on, args=(host,), daemon=True)
+        for host in dict.fromkeys(rank.host.name for rank in plan.ranks)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(LEFTOVERS_TIMEOUT_S + 1)
+    return killed
+
+
+LEFTOVERS_TIMEOUT_S = 15.0
 STACKS_TIMEOUT_S = 25.0
 STATS_TIMEOUT_S = 5.0
 
@@ -488,9 +520,16 @@ class Attempt:
             transport = self.transports(None, self.config, self.environ)
             remote = bool(surveyed.site.remote_hosts)
             stacks = mpi_stacks(self.job_id, plan, surveyed)
-            result = self.supervise(
-                plan, specs, [launch.spec], transport, launch.spec, remote, stacks
-            )
+            try:
+                result = self.supervise(
+                    plan, specs, [launch.spec], transport, launch.spec, remote, stacks
+                )
+            finally:  # mpirun is gone: whatever it left of the ranks goes too
+                for host, pids in kill_mpi_leftovers(self.job_id, plan, surveyed).items():
+                    self.frontend.notice(
+                        f"dtrain: mpirun left {len(pids)} process(es) of the job on {host} "
+                        f"(pids {', '.join(map(str, pids[:8]))}): killed them"
+                    )
             return Finished(result)
 
     def supervise(

@@ -16,6 +16,7 @@ from launcher.mpi import MpiOutput, mpi_failure, mpi_mapping
 from launcher.outcome import JobResult, RankReport
 from launcher.plan import Plan, Rank
 from tests.conftest import child_env, py, run_dtrain, tagged, wait_until_gone
+from tests.testhosts import TestHosts
 
 MPIRUN = Path(sys.executable).parent / "mpirun"
 pytestmark = pytest.mark.skipif(
@@ -307,3 +308,46 @@ def test_mpi_comm_spawn_has_room_with_oversubscribe(mark: str, tmp_path: Path) -
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert sorted(result.stdout.splitlines()) == ["[0] spawned 0", "[1] spawned 1"]
+
+
+# After mpirun: what it left of a job's ranks (Open MPI sometimes leaves a rank's child when a
+# rank fails early) is found by the job's DTRAIN_JOB_ID and killed, here and on remote hosts.
+
+
+def test_leftovers_of_a_job_are_killed_and_only_theirs(mark: str) -> None:
+    import subprocess
+
+    from launcher.transport.local import kill_local_mpi_leftovers
+
+    def sleeper(job: str) -> subprocess.Popen[bytes]:
+        env = {**child_env(), "DTRAIN_JOB_ID": job, "DTRAIN_TEST_MARK": mark}
+        return subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+
+    ours, other = sleeper(f"{mark}-a"), sleeper(f"{mark}-b")
+    try:
+        assert kill_local_mpi_leftovers(f"{mark}-a") == [ours.pid]
+        assert ours.wait(timeout=10) == -9
+        assert other.poll() is None  # another job's process is left alone
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.sshhosts
+def test_leftovers_on_a_remote_host_are_killed(ssh_hosts: TestHosts, mark: str) -> None:
+    import subprocess
+
+    from launcher.transport.ssh import SshSettings, connect, kill_mpi_leftovers, load_ssh_config
+
+    job = f"{mark}-remote"
+    detached = f"DTRAIN_JOB_ID={job} DTRAIN_TEST_MARK={mark} setsid sleep 60 </dev/null >/dev/null"
+    subprocess.run([*ssh_hosts.ssh_command, "node2", f"{detached} 2>&1 &"], check=True, timeout=30)
+    settings = SshSettings(config_file=str(ssh_hosts.ssh_config), timeout_s=5)
+    for name, expected in (("node1", 0), ("node2", 1)):  # node1 does not see node2's
+        connection = connect(Host(name), settings, load_ssh_config(settings))
+        try:
+            answer = kill_mpi_leftovers(connection, job, 15)
+        finally:
+            connection.close()
+        assert len(answer.get("killed", [])) == expected, answer
+    assert wait_until_gone(mark) == []

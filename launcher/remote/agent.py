@@ -160,36 +160,62 @@ def dump_stacks(watchdog_pid: int, py_spy_hint: "str | None") -> dict:  # type: 
     return dump_pid(pid, py_spy_hint)
 
 
-def mpi_rank_pids(job_id: str) -> "dict[int, int]":
-    """This host's processes of an ``--mpi`` job's ranks: rank -> the topmost process whose
-    environment has the job's DTRAIN_JOB_ID and Open MPI's OMPI_COMM_WORLD_RANK (and that
-    share this process's network namespace: hosts that are namespaces of one machine)."""
+def job_processes(job_id: str) -> dict[int, tuple[int, list[bytes]]]:
+    """This host's processes of a job: pid -> (parent, environment), for those whose
+    environment has the job's DTRAIN_JOB_ID and that share this process's network namespace
+    (hosts that are namespaces of one machine see each other's processes)."""
     job = f"DTRAIN_JOB_ID={job_id}".encode()
     try:
         here = os.readlink("/proc/self/ns/net")
     except OSError:
         here = None
-    found: dict[int, tuple[int, int]] = {}  # pid -> (rank, parent)
+    found = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 variables = f.read().split(b"\0")
+            if job not in variables:
+                continue
+            if here is not None and os.readlink(f"/proc/{entry}/ns/net") != here:
+                continue
             with open(f"/proc/{entry}/stat", "rb") as f:
                 parent = int(f.read().rsplit(b")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if job not in variables:
-            continue
-        try:
-            if here is not None and os.readlink(f"/proc/{entry}/ns/net") != here:
+        found[int(entry)] = (parent, variables)
+    return found
+
+
+def kill_job_processes(job_id: str) -> dict[str, list[int]]:
+    """SIGKILL what is left here of an ``--mpi`` job once mpirun is gone (a rank's child
+    that mpirun's daemon did not end), again until nothing is left; the pids killed."""
+    killed: list[int] = []
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        left = list(job_processes(job_id))
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, 9)
+            except OSError:
                 continue
-        except OSError:
-            continue
+            if pid not in killed:
+                killed.append(pid)
+        time.sleep(0.05)
+    return {"killed": killed}
+
+
+def mpi_rank_pids(job_id: str) -> dict[int, int]:
+    """This host's processes of an ``--mpi`` job's ranks: rank -> the topmost process whose
+    environment has the job's DTRAIN_JOB_ID and Open MPI's OMPI_COMM_WORLD_RANK."""
+    found: dict[int, tuple[int, int]] = {}  # pid -> (rank, parent)
+    for pid, (parent, variables) in job_processes(job_id).items():
         for variable in variables:
             if variable.startswith(b"OMPI_COMM_WORLD_RANK="):
-                found[int(entry)] = (int(variable.split(b"=", 1)[1]), parent)
+                found[pid] = (int(variable.split(b"=", 1)[1]), parent)
     tops: dict[int, int] = {}
     for pid, (rank, parent) in sorted(found.items()):
         if found.get(parent, (None,))[0] != rank:  # its parent is not the same rank's

@@ -111,6 +111,12 @@ def local_mpi_stacks(job_id: str) -> dict[str, Any]:
     return found
 
 
+def kill_local_mpi_leftovers(job_id: str) -> list[int]:
+    """SIGKILL what mpirun left of an ``--mpi`` job on this machine; the pids killed."""
+    killed: list[int] = agent.kill_job_processes(job_id)["killed"]
+    return killed
+
+
 def local_py_spy() -> str | None:
     """py-spy here: beside dtrain's interpreter (a dependency), else on PATH."""
     return agent.find_py_spy(None)

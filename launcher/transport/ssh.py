@@ -877,13 +877,20 @@ class SshTransport:
 
 def dump_mpi_stacks(connection: SshConnection, job_id: str, timeout_s: float) -> dict[str, Any]:
     """The Python stacks of an ``--mpi`` job's ranks on a remote host (mpirun started them,
-    not an agent): the agent's own code runs there once, over the open connection."""
-    program = (
-        AGENT_SOURCE
-        + (
-            f"\nprint(json.dumps(dump_mpi_stacks({job_id!r}, {agent.find_py_spy(None)!r})))\n"
-        ).encode()
-    )
+    not an agent)."""
+    call = f"dump_mpi_stacks({job_id!r}, {agent.find_py_spy(None)!r})"
+    return agent_call(connection, call, timeout_s)
+
+
+def kill_mpi_leftovers(connection: SshConnection, job_id: str, timeout_s: float) -> dict[str, Any]:
+    """SIGKILL what mpirun left of an ``--mpi`` job on a remote host (pids in ``killed``)."""
+    return agent_call(connection, f"kill_job_processes({job_id!r})", timeout_s)
+
+
+def agent_call(connection: SshConnection, call: str, timeout_s: float) -> dict[str, Any]:
+    """One of the agent's functions run once on a remote host, over the open connection (the
+    agent's own code, fed to its Python): its JSON answer, or ``error``."""
+    program = AGENT_SOURCE + f"\nprint(json.dumps({call}))\n".encode()
     command = build_remote_command(sys.executable, ["-I", "-S", "-"])
     try:
         code, out, err = connection.run(command, timeout_s, stdin=program)
