@@ -16,7 +16,7 @@ import pytest
 from launcher.errors import UsageError
 from launcher.hosts import Host
 from launcher.transport.slurm import allocation_from
-from tests.conftest import DTRAIN, REPO, child_env, wait_for_pids, wait_until_gone
+from tests.conftest import DTRAIN, REPO, child_env, run_dtrain, wait_for_pids, wait_until_gone
 from tests.slurmcluster import SlurmCluster
 from tests.slurmlocal import OneNodeSlurm, unavailable_reason
 
@@ -209,3 +209,21 @@ def test_tf_parameter_servers_inside_an_allocation(
     nodes = {m for m in re.findall(r"^\[\w+@(node\d)\]", done.stdout, re.MULTILINE)}
     assert nodes == {"node1", "node2", "node3"}, done.stdout[-2000:]  # tasks on every node
     assert slurm_cluster.steps() == []
+
+
+@pytest.mark.slurm
+def test_an_allocation_that_is_gone_is_one_line(slurm_cluster: SlurmCluster) -> None:
+    """SLURM_JOB_ID of a job that no longer runs (a shell left from an old salloc): srun
+    refuses, and dtrain says so in one line (it used to spin forever)."""
+    ended = slurm_cluster.run(["salloc", "-N2", "true"], check=True)
+    job_id = next(word for word in ended.stderr.split() if word.isdigit())
+    env = slurm_cluster.env(child_env())
+    env.update(SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="node[1-2]", SLURM_TASKS_PER_NODE="1(x2)")
+    done = run_dtrain("run", "true", env=env, timeout=60)
+    assert done.returncode == 1
+    notice, error = done.stderr.splitlines()
+    assert notice.endswith("2 task(s) on node1:1,node2:1; ranks start through srun")
+    assert error.startswith("dtrain: error: node")
+    # srun's reason: "Slurm job N has expired", or "Unable to confirm allocation for job N"
+    assert re.search(rf"srun could not start dtrain's agent \(srun: error: .*\b{job_id}\b", error)
+    assert f"(hint: check that Slurm job {job_id} still runs (squeue -j {job_id})" in error

@@ -169,6 +169,15 @@ class SshConnection:
     peer_address: str = ""
     local_address: str = ""
 
+    def agent_failed(self, last: str) -> HostConnectionError:
+        """The error for an agent that ended before its probe report (``last``: its stderr's
+        last line)."""
+        return HostConnectionError(
+            f"{self.host.name}: cannot run Python there ({last})",
+            "install python3 (3.9 or newer) on the host, or make dtrain's interpreter path "
+            "exist there",
+        )
+
     def open_channel(self, command: str, timeout_s: float) -> paramiko.Channel:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
@@ -606,11 +615,7 @@ class HostAgent:
                 raise HostConnectionError(f"{name}: cannot open an SSH channel: {exc}") from None
             err = drain(channel.recv_stderr, channel.recv_stderr_ready).decode("utf-8", "replace")
             last = (err.strip().splitlines() or ["the channel closed"])[-1]
-            raise HostConnectionError(
-                f"{name}: cannot run Python there ({last})",
-                "install python3 (3.9 or newer) on the host, or make dtrain's interpreter path "
-                "exist there",
-            ) from None
+            raise connection.agent_failed(last) from None
         if kind != agent.PROBED:
             raise HostConnectionError(f"{name}: unexpected answer from the host agent ({kind})")
         channel.settimeout(None)
