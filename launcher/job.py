@@ -71,6 +71,7 @@ from launcher.stacks import StackGroup, format_stacks, group_stacks
 from launcher.supervisor import Supervisor, TimeLimits, caught_signals
 from launcher.survey import (
     Survey,
+    allocation_hosts,
     check_local_program,
     discover_hosts,
     hostfile_shorthand,
@@ -156,9 +157,10 @@ def run_job(
 ) -> JobOutcome:
     """Validate, resolve what the whole job shares, then run its attempt."""
     config = validate_config(with_hostfile_shorthand(config, frontend))
-    allocation = slurm_allocation(config, environ)
+    allocation = allocation_hosts(config, environ)
     if allocation is not None:
-        frontend.notice(f"dtrain: {allocation.describe()}; ranks start through srun")
+        how = "through srun" if slurm_allocation(config, environ) else "over ssh"
+        frontend.notice(f"dtrain: {allocation.describe()}; ranks start {how}")
     note = interpreter_note(config.command, environ)
     if note:
         frontend.notice(note)
@@ -735,8 +737,8 @@ def job_hosts(
     placement = config.placement
     if placement.host_discovery_script is not None:
         return discover_hosts(placement.host_discovery_script)
-    allocation = slurm_allocation(config, environ)
-    if allocation is not None and not placement.hosts_given:
+    allocation = allocation_hosts(config, environ)
+    if allocation is not None:
         return list(allocation.hosts)
     return read_hosts(placement.host_lists, placement.hostfile, default_slots)
 
@@ -748,7 +750,7 @@ def plan_parameter_servers(config: JobConfig, environ: Mapping[str, str]) -> Pla
     hosts = job_hosts(config, environ, ps.workers)
     ps_hosts = parse_host_list(ps.ps_hosts, "--ps-hosts") if ps.ps_hosts else None
     worker_hosts = parse_host_list(ps.worker_hosts, "--worker-hosts") if ps.worker_hosts else None
-    from_slurm = slurm_allocation(config, environ) is not None
+    from_slurm = allocation_hosts(config, environ) is not None
     if worker_hosts is None and not placement.hosts_given and not from_slurm:
         hosts = [replace(hosts[0], slots=ps.workers)]
     return plan_ps(

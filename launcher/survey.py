@@ -70,6 +70,17 @@ def slurm_allocation(config: JobConfig, environ: Mapping[str, str]) -> Allocatio
     return allocation
 
 
+def allocation_hosts(config: JobConfig, environ: Mapping[str, str]) -> Allocation | None:
+    """The Slurm allocation the job's hosts come from: inside one without -H, --hostfile or
+    a discovery script, whichever transport starts the ranks (None: not so)."""
+    from launcher.transport.slurm import allocation_from
+
+    placement = config.placement
+    if placement.hosts_given or placement.host_discovery_script:
+        return None
+    return allocation_from(environ)
+
+
 def read_hosts(
     host_lists: Sequence[str], hostfile: str | None, default_slots: int | None
 ) -> list[Host]:

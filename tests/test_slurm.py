@@ -45,6 +45,28 @@ def test_an_allocation_whose_variables_disagree() -> None:
         allocation_from(env)
 
 
+ALLOCATION = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+
+
+def test_transport_ssh_takes_the_allocations_hosts_too() -> None:
+    """Inside an allocation, --transport ssh changes how ranks start, not where."""
+    env = {**child_env(), **ALLOCATION}
+    done = run_dtrain("run", "--dry-run", "--transport", "ssh", "true", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        "dtrain: inside Slurm job 7: 4 task(s) on n1:2,n2:2; ranks start over ssh"
+    )
+    hosts = re.findall(r"^rank (\d) +host (\S+)", done.stdout, re.MULTILINE)
+    assert hosts == [("0", "n1"), ("1", "n1"), ("2", "n2"), ("3", "n2")]
+    auto = run_dtrain("run", "--dry-run", "true", env=env)
+    assert auto.stderr.splitlines()[0].endswith("; ranks start through srun"), auto.stderr
+    given = run_dtrain(
+        "run", "--dry-run", "--transport", "ssh", "-H", "localhost:1", "true", env=env
+    )
+    assert "inside Slurm job" not in given.stderr
+    assert re.findall(r"^rank \d +host (\S+)", given.stdout, re.MULTILINE) == ["localhost"]
+
+
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[OneNodeSlurm]:
     reason = unavailable_reason()
@@ -208,6 +230,27 @@ def test_tf_parameter_servers_inside_an_allocation(
     assert "test accuracy" in done.stdout
     nodes = {m for m in re.findall(r"^\[\w+@(node\d)\]", done.stdout, re.MULTILINE)}
     assert nodes == {"node1", "node2", "node3"}, done.stdout[-2000:]  # tasks on every node
+    assert slurm_cluster.steps() == []
+
+
+@pytest.mark.slurm
+def test_ssh_transport_inside_an_allocation(slurm_cluster: SlurmCluster, mark: str) -> None:
+    """``--transport ssh`` inside ``salloc -N3 -n6``: the allocation's nodes and tasks, ranks
+    started over SSH (so in no Slurm step)."""
+    code = (
+        "import os, socket; print(os.environ['RANK'], os.environ['WORLD_SIZE'],"
+        " socket.gethostname(), os.environ.get('SLURM_STEP_ID', '-'))"
+    )
+    ssh = ["--transport", "ssh", "--ssh-config", str(slurm_cluster.hosts.ssh_config)]
+    run = [*DTRAIN, "run", *ssh, "-x", f"DTRAIN_TEST_MARK={mark}", "python", "-c", code]
+    done = subprocess.run(
+        ["salloc", "-N3", "-n6", *run],
+        capture_output=True, text=True, env=slurm_cluster.env(child_env()), cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert ": 6 task(s) on node1:2,node2:2,node3:2; ranks start over ssh" in done.stderr
+    rows = sorted(line.split("] ", 1)[1].split() for line in done.stdout.splitlines())
+    assert rows == [[str(r), "6", f"node{r // 2 + 1}", "-"] for r in range(6)], done.stdout
     assert slurm_cluster.steps() == []
 
 
