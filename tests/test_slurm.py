@@ -5,6 +5,7 @@ and no process left.  Also the allocation's variables, parsed."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import signal
 import subprocess
@@ -65,6 +66,19 @@ def test_transport_ssh_takes_the_allocations_hosts_too() -> None:
     )
     assert "inside Slurm job" not in given.stderr
     assert re.findall(r"^rank \d +host (\S+)", given.stdout, re.MULTILINE) == ["localhost"]
+
+
+def test_dtrain_hosts_shows_the_allocation() -> None:
+    env = {**child_env(), **ALLOCATION, "SLURM_TASKS_PER_NODE": "4,2"}
+    done = run_dtrain("hosts", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "dtrain: inside Slurm job 7: 6 task(s) on n1:4,n2:2\n"
+    assert [(h["host"], h["slots"]) for h in json.loads(done.stdout)] == [("n1", 4), ("n2", 2)]
+    given = run_dtrain("hosts", "--json", "-H", "a:3", env=env)
+    assert [(h["host"], h["slots"]) for h in json.loads(given.stdout)] == [("a", 3)]
+    bad = run_dtrain("hosts", env={**env, "SLURM_JOB_NODELIST": "n[1-"})
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith("dtrain: error: SLURM_JOB_NODELIST: bad host range 'n[1-'")
 
 
 @pytest.fixture(scope="module")
