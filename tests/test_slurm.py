@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import pty
 import re
+import select
+import shlex
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +25,7 @@ from launcher.transport.slurm import allocation_from
 from tests.conftest import DTRAIN, REPO, child_env, run_dtrain, wait_for_pids, wait_until_gone
 from tests.slurmcluster import SlurmCluster
 from tests.slurmlocal import OneNodeSlurm, unavailable_reason
+from tests.testhosts import processes_in
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -268,6 +274,83 @@ def test_ssh_transport_inside_an_allocation(slurm_cluster: SlurmCluster, mark: s
     assert slurm_cluster.steps() == []
 
 
+def until_gone(cluster: SlurmCluster, mark: str) -> None:
+    """Nothing of the job anywhere: no marked process, no step or job in squeue, no process
+    on any node but its sshd and slurmd."""
+    assert wait_until_gone(mark, timeout=30) == []
+    cluster.wait_idle(timeout=30)
+    assert cluster.steps() == [] and cluster.jobs() == []
+    assert {n: cluster.job_processes(n) for n in cluster.names} == {n: [] for n in cluster.names}
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("how", ["salloc", "sbatch"])
+def test_scancel_on_three_slurm_nodes(
+    slurm_cluster: SlurmCluster, mark: str, how: str, tmp_path: Path
+) -> None:
+    """scancel of the job while dtrain runs six ranks through srun on three nodes (dtrain
+    under salloc here, or in the batch script on node1): nothing is left on any node."""
+    env = {**slurm_cluster.env(child_env()), "PYTHONPATH": str(REPO)}
+    run = [*DTRAIN, "run", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "120"]
+    name = f"scancel-{mark[:8]}"
+    if how == "salloc":
+        proc = subprocess.Popen(
+            ["salloc", "-N3", "-n6", f"--job-name={name}", *run],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+        )  # fmt: skip
+    else:
+        batch = ["sbatch", "-N3", "-n6", f"--job-name={name}", f"--output={tmp_path}/out.txt"]
+        slurm_cluster.run([*batch, "--wrap", shlex.join(run)], env=env, check=True, cwd=REPO)
+    pids = wait_for_pids(mark, 6)
+    assert {node_of(slurm_cluster, pid) for pid in pids} == {"node1", "node2", "node3"}
+    steps = wait_for_steps(slurm_cluster, 3)
+    job_id = slurm_cluster.run(["squeue", "-h", "-n", name, "-o", "%i"], check=True).stdout.strip()
+    assert {step.split()[1] for step in steps if ".batch" not in step} == set(slurm_cluster.names)
+    slurm_cluster.run(["scancel", job_id], check=True)
+    if how == "salloc":
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0
+        assert "ended (scancel, or the allocation's end)" in err, err
+    until_gone(slurm_cluster, mark)
+
+
+@pytest.mark.slurm
+def test_ctrl_c_in_a_terminal_on_three_slurm_nodes(slurm_cluster: SlurmCluster, mark: str) -> None:
+    """``salloc -N3 dtrain run`` in a terminal, then Ctrl-C: dtrain stops every rank and
+    exits 130; salloc releases the allocation; nothing is left on any node."""
+    env = slurm_cluster.env(child_env())
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: salloc in a terminal of its own
+        os.chdir(REPO)
+        run = [*DTRAIN, "run", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "120"]
+        os.execvpe("salloc", ["salloc", "-N3", "-n3", *run], env)
+    try:
+        wait_for_pids(mark, 3)
+        os.write(terminal, b"\x03")  # Ctrl-C: SIGINT to the terminal's foreground group
+        screen = read_terminal(terminal, timeout=60)
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(terminal)
+    assert os.waitstatus_to_exitcode(status) == 130, screen
+    assert "dtrain: interrupted by SIGINT; stopped 3 ranks; dtrain exits 130" in screen
+    until_gone(slurm_cluster, mark)
+
+
+def read_terminal(fd: int, timeout: float) -> str:
+    """What a terminal shows until its programs have all closed it."""
+    data, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], deadline - time.monotonic())
+        try:
+            chunk = os.read(fd, 65536) if ready else b""
+        except OSError:  # EIO: no process has the terminal open any more
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
+
+
 @pytest.mark.slurm
 def test_an_allocation_that_is_gone_is_one_line(slurm_cluster: SlurmCluster) -> None:
     """SLURM_JOB_ID of a job that no longer runs (a shell left from an old salloc): srun
@@ -284,3 +367,15 @@ def test_an_allocation_that_is_gone_is_one_line(slurm_cluster: SlurmCluster) -> 
     # srun's reason: "Slurm job N has expired", or "Unable to confirm allocation for job N"
     assert re.search(rf"srun could not start dtrain's agent \(srun: error: .*\b{job_id}\b", error)
     assert f"(hint: check that Slurm job {job_id} still runs (squeue -j {job_id})" in error
+
+
+def node_of(cluster: SlurmCluster, pid: int) -> str | None:
+    return next((name for name in cluster.names if pid in processes_in(name)), None)
+
+
+def wait_for_steps(cluster: SlurmCluster, count: int, timeout: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while len(steps := cluster.steps()) < count:
+        assert time.monotonic() < deadline, f"expected {count} running steps, have {steps}"
+        time.sleep(0.05)
+    return steps
