@@ -45,7 +45,14 @@ from launcher.jobs import (
     record_attempt,
     write_json,
 )
-from launcher.mpi import MpiOutput, mpi_failure, mpi_launch, names_mpi4py, rank_specs
+from launcher.mpi import (
+    MpiOutput,
+    mpi_failure,
+    mpi_hosts_lost,
+    mpi_launch,
+    names_mpi4py,
+    rank_specs,
+)
 from launcher.outcome import JobResult, OutputSink
 from launcher.outlets import Fanout, Outlet
 from launcher.plan import (
@@ -469,8 +476,9 @@ class Attempt:
             remote = bool(surveyed.site.remote_hosts)
             stacks = mpi_stacks(self.job_id, plan, surveyed)
             result = self.supervise(
-                plan, specs, [launch.spec], transport, launch.spec, remote, stacks
-            )
+                plan, specs, [launch.spec], transport, launch.spec, remote, stacks,
+                surveyed.lost_hosts,
+            )  # fmt: skip
             return Finished(result)
 
     def supervise(
@@ -482,9 +490,11 @@ class Attempt:
         mpi_launcher: LaunchSpec | None = None,
         remote: bool = False,
         stacks: StacksSource | None = None,
+        lost_hosts: Callable[[], Mapping[str, str]] | None = None,
     ) -> JobResult:
         """Run ``started`` under the supervisor; the job directory records, the view shows
-        (``stacks``: under --mpi, how to find the ranks' stacks where mpirun started them)."""
+        (``stacks``: under --mpi, how to find the ranks' stacks where mpirun started them;
+        ``lost_hosts``: the hosts lost while mpirun ran)."""
         config = self.config
         job = self.open_job_dir(plan)
         recorder = JobRecorder(job)
@@ -520,6 +530,8 @@ class Attempt:
             result = supervisor.run()
             if mpi_launcher is not None:
                 result = mpi_failure(result, mpi_output, plan)
+                lost = lost_hosts() if lost_hosts is not None else {}
+                result = mpi_hosts_lost(result, lost, mpi_output, plan)
         except BaseException:
             recorder.finish_error()  # the record says how it ended, whatever happened
             output.give_up_views()

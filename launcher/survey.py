@@ -162,6 +162,12 @@ class Survey:
         agents, self.agents, self.connections = self.agents, {}, {}
         return agents
 
+    def lost_hosts(self) -> dict[str, str]:
+        """Hosts whose agent is gone (its srun step ended, its SSH connection was cut), and
+        why.  Under --mpi the agents stay open while mpirun runs: one gone means the host
+        was lost under the job."""
+        return {name: a.ended for name, a in self.agents.items() if a.ended is not None}
+
     def close(self) -> None:
         """Drop what is still ours (agents first: closing them ends nothing yet started)."""
         for host_agent in self.agents.values():

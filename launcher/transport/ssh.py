@@ -566,6 +566,7 @@ class HostAgent:
         self.silence_s = silence_s  # an agent silent this long is lost (frozen, cut off)
         self.heard = time.monotonic()  # the last frame from the agent
         self.lost_cause: str | None = None
+        self.ended: str | None = None  # why the channel ended, once it has (EOF, a lost host)
         self.lock = threading.Lock()
         self.processes: dict[int, AgentProcess] = {}  # by run id
         self.buffer = bytearray()  # received, not yet taken: from self.offset on
@@ -696,6 +697,7 @@ class HostAgent:
             or getattr(self.connection, "lost_cause", None)  # srun: the step ended
             or f"the connection to {self.connection.host.name} was lost"
         )
+        self.ended = cause
         for process in self.processes.values():
             process.lost(cause)
 
