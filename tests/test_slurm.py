@@ -323,14 +323,18 @@ def test_scancel_on_three_slurm_nodes(
 
 
 @pytest.mark.slurm
-def test_ctrl_c_in_a_terminal_on_three_slurm_nodes(slurm_cluster: SlurmCluster, mark: str) -> None:
-    """``salloc -N3 dtrain run`` in a terminal, then Ctrl-C: dtrain stops every rank and
-    exits 130; salloc releases the allocation; nothing is left on any node."""
+@pytest.mark.parametrize("mpi", [[], ["--mpi"]], ids=["srun", "mpi"])
+def test_ctrl_c_in_a_terminal_on_three_slurm_nodes(
+    slurm_cluster: SlurmCluster, mark: str, mpi: list[str]
+) -> None:
+    """``salloc -N3 dtrain run`` in a terminal (ranks through srun, or mpirun's), then Ctrl-C:
+    dtrain stops every rank and exits 130; salloc releases the allocation; nothing is left
+    on any node."""
     env = slurm_cluster.env(child_env())
     pid, terminal = pty.fork()
     if pid == 0:  # the child: salloc in a terminal of its own
         os.chdir(REPO)
-        run = [*DTRAIN, "run", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "120"]
+        run = [*DTRAIN, "run", *mpi, "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "120"]
         os.execvpe("salloc", ["salloc", "-N3", "-n3", *run], env)
     try:
         wait_for_pids(mark, 3)
