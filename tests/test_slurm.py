@@ -344,7 +344,10 @@ def test_ctrl_c_in_a_terminal_on_three_slurm_nodes(
         _, status = os.waitpid(pid, 0)
         os.close(terminal)
     assert os.waitstatus_to_exitcode(status) == 130, screen
-    assert "dtrain: interrupted by SIGINT; stopped 3 ranks; dtrain exits 130" in screen
+    # (on a loaded machine mpirun may outlast the grace: "(3 with SIGKILL after the 5 s grace)")
+    assert re.search(
+        r"dtrain: interrupted by SIGINT; stopped 3 ranks( \(.*\))?; dtrain exits 130", screen
+    )
     until_gone(slurm_cluster, mark)
 
 
