@@ -404,10 +404,15 @@ def resume(launch_file: str) -> int:
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the hosts as JSON.")
 def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> int:
-    """Show the hosts and slots a hostfile or -H list resolves to."""
+    """Show the hosts and slots a hostfile or -H list resolves to (inside a Slurm allocation,
+    without either: the allocation's nodes and tasks, as dtrain run takes them)."""
     from launcher.console import format_hosts, hosts_as_json
+    from launcher.transport.slurm import allocation_from
 
-    found = hosts_given(host_lists, hostfile)
+    allocation = None if host_lists or hostfile else allocation_from(os.environ)
+    if allocation is not None:
+        click.echo(f"dtrain: {allocation.describe()}", err=True)
+    found = list(allocation.hosts) if allocation else hosts_given(host_lists, hostfile)
     click.echo(hosts_as_json(found) if as_json else "\n".join(format_hosts(found)))
     return 0
 

@@ -45,7 +45,14 @@ from launcher.jobs import (
     record_attempt,
     write_json,
 )
-from launcher.mpi import MpiOutput, mpi_failure, mpi_launch, names_mpi4py, rank_specs
+from launcher.mpi import (
+    MpiOutput,
+    mpi_failure,
+    mpi_hosts_lost,
+    mpi_launch,
+    names_mpi4py,
+    rank_specs,
+)
 from launcher.outcome import JobResult, OutputSink
 from launcher.outlets import Fanout, Outlet
 from launcher.plan import (
@@ -71,6 +78,7 @@ from launcher.stacks import StackGroup, format_stacks, group_stacks
 from launcher.supervisor import Supervisor, TimeLimits, caught_signals
 from launcher.survey import (
     Survey,
+    allocation_hosts,
     check_local_program,
     discover_hosts,
     hostfile_shorthand,
@@ -156,9 +164,10 @@ def run_job(
 ) -> JobOutcome:
     """Validate, resolve what the whole job shares, then run its attempt."""
     config = validate_config(with_hostfile_shorthand(config, frontend))
-    allocation = slurm_allocation(config, environ)
+    allocation = allocation_hosts(config, environ)
     if allocation is not None:
-        frontend.notice(f"dtrain: {allocation.describe()}; ranks start through srun")
+        how = "through srun" if slurm_allocation(config, environ) else "over ssh"
+        frontend.notice(f"dtrain: {allocation.describe()}; ranks start {how}")
     note = interpreter_note(config.command, environ)
     if note:
         frontend.notice(note)
@@ -522,8 +531,9 @@ class Attempt:
             stacks = mpi_stacks(self.job_id, plan, surveyed)
             try:
                 result = self.supervise(
-                    plan, specs, [launch.spec], transport, launch.spec, remote, stacks
-                )
+                    plan, specs, [launch.spec], transport, launch.spec, remote, stacks,
+                    surveyed.lost_hosts,
+                )  # fmt: skip
             finally:  # mpirun is gone: whatever it left of the ranks goes too
                 for host, pids in kill_mpi_leftovers(self.job_id, plan, surveyed).items():
                     self.frontend.notice(
@@ -541,9 +551,11 @@ class Attempt:
         mpi_launcher: LaunchSpec | None = None,
         remote: bool = False,
         stacks: StacksSource | None = None,
+        lost_hosts: Callable[[], Mapping[str, str]] | None = None,
     ) -> JobResult:
         """Run ``started`` under the supervisor; the job directory records, the view shows
-        (``stacks``: under --mpi, how to find the ranks' stacks where mpirun started them)."""
+        (``stacks``: under --mpi, how to find the ranks' stacks where mpirun started them;
+        ``lost_hosts``: the hosts lost while mpirun ran)."""
         config = self.config
         job = self.open_job_dir(plan)
         recorder = JobRecorder(job)
@@ -581,6 +593,8 @@ class Attempt:
             result = supervisor.run()
             if mpi_launcher is not None:
                 result = mpi_failure(result, mpi_output, plan)
+                lost = lost_hosts() if lost_hosts is not None else {}
+                result = mpi_hosts_lost(result, lost, mpi_output, plan)
         except BaseException:
             recorder.finish_error()  # the record says how it ended, whatever happened
             output.give_up_views()
@@ -811,8 +825,8 @@ def job_hosts(
     placement = config.placement
     if placement.host_discovery_script is not None:
         return discover_hosts(placement.host_discovery_script)
-    allocation = slurm_allocation(config, environ)
-    if allocation is not None and not placement.hosts_given:
+    allocation = allocation_hosts(config, environ)
+    if allocation is not None:
         return list(allocation.hosts)
     return read_hosts(placement.host_lists, placement.hostfile, default_slots)
 
@@ -824,7 +838,7 @@ def plan_parameter_servers(config: JobConfig, environ: Mapping[str, str]) -> Pla
     hosts = job_hosts(config, environ, ps.workers)
     ps_hosts = parse_host_list(ps.ps_hosts, "--ps-hosts") if ps.ps_hosts else None
     worker_hosts = parse_host_list(ps.worker_hosts, "--worker-hosts") if ps.worker_hosts else None
-    from_slurm = slurm_allocation(config, environ) is not None
+    from_slurm = allocation_hosts(config, environ) is not None
     if worker_hosts is None and not placement.hosts_given and not from_slurm:
         hosts = [replace(hosts[0], slots=ps.workers)]
     return plan_ps(

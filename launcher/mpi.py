@@ -436,6 +436,32 @@ def rank_specs(plan: Plan, template: LaunchSpec) -> dict[int, LaunchSpec]:
     }
 
 
+def mpi_hosts_lost(
+    result: JobResult, lost: Mapping[str, str], output: MpiOutput, plan: Plan
+) -> JobResult:
+    """mpirun's exit code 0 when hosts of the job were lost while it ran is a failure: Open
+    MPI's prterun exits 0 when it loses its daemons (``scancel`` of the Slurm job ends them
+    and the srun steps of dtrain's agents alike, a host cut off ends both connections)."""
+    if result.exit_code != 0 or result.interrupt is not None or not lost:
+        return result
+    host = next((h.name for h in plan.hosts if h.name in lost), next(iter(lost)))
+    rank = next((r.rank for r in plan.ranks if r.host.name == host), -1)
+    cause = f"{lost[host]}; mpirun exited 0"
+    spec = output.specs.get(rank)
+    failure = (
+        build_rank_report(spec, 255, output.tails.get(rank, {}), cause)
+        if spec is not None
+        else RankReport(rank, host, 255, (), "stderr", cause=cause)
+    )
+    return dataclasses.replace(
+        result,
+        exit_code=255,
+        failure=failure,
+        stopped=plan.world_size - 1,
+        failed_hosts=frozenset(lost),
+    )
+
+
 def mpi_failure(result: JobResult, output: MpiOutput, plan: Plan) -> JobResult:
     """The job's result in MPI ranks, not mpirun's: the rank that mpirun reported as the first
     to fail, and when mpirun had to be stopped, the ranks it ran."""

@@ -70,6 +70,17 @@ def slurm_allocation(config: JobConfig, environ: Mapping[str, str]) -> Allocatio
     return allocation
 
 
+def allocation_hosts(config: JobConfig, environ: Mapping[str, str]) -> Allocation | None:
+    """The Slurm allocation the job's hosts come from: inside one without -H, --hostfile or
+    a discovery script, whichever transport starts the ranks (None: not so)."""
+    from launcher.transport.slurm import allocation_from
+
+    placement = config.placement
+    if placement.hosts_given or placement.host_discovery_script:
+        return None
+    return allocation_from(environ)
+
+
 def read_hosts(
     host_lists: Sequence[str], hostfile: str | None, default_slots: int | None
 ) -> list[Host]:
@@ -150,6 +161,12 @@ class Survey:
         """The agents, for a transport that owns them from now on (closing them ends the ranks)."""
         agents, self.agents, self.connections = self.agents, {}, {}
         return agents
+
+    def lost_hosts(self) -> dict[str, str]:
+        """Hosts whose agent is gone (its srun step ended, its SSH connection was cut), and
+        why.  Under --mpi the agents stay open while mpirun runs: one gone means the host
+        was lost under the job."""
+        return {name: a.ended for name, a in self.agents.items() if a.ended is not None}
 
     def close(self) -> None:
         """Drop what is still ours (agents first: closing them ends nothing yet started)."""

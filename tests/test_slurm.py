@@ -5,9 +5,15 @@ and no process left.  Also the allocation's variables, parsed."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import pty
 import re
+import select
+import shlex
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +22,10 @@ import pytest
 from launcher.errors import UsageError
 from launcher.hosts import Host
 from launcher.transport.slurm import allocation_from
-from tests.conftest import DTRAIN, REPO, child_env, wait_for_pids, wait_until_gone
+from tests.conftest import DTRAIN, REPO, child_env, run_dtrain, wait_for_pids, wait_until_gone
 from tests.slurmcluster import SlurmCluster
 from tests.slurmlocal import OneNodeSlurm, unavailable_reason
+from tests.testhosts import processes_in
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -43,6 +50,41 @@ def test_an_allocation_whose_variables_disagree() -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "2(x2)"}
     with pytest.raises(UsageError, match="gives 2 counts for 3 nodes"):
         allocation_from(env)
+
+
+ALLOCATION = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+
+
+def test_transport_ssh_takes_the_allocations_hosts_too() -> None:
+    """Inside an allocation, --transport ssh changes how ranks start, not where."""
+    env = {**child_env(), **ALLOCATION}
+    done = run_dtrain("run", "--dry-run", "--transport", "ssh", "true", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        "dtrain: inside Slurm job 7: 4 task(s) on n1:2,n2:2; ranks start over ssh"
+    )
+    hosts = re.findall(r"^rank (\d) +host (\S+)", done.stdout, re.MULTILINE)
+    assert hosts == [("0", "n1"), ("1", "n1"), ("2", "n2"), ("3", "n2")]
+    auto = run_dtrain("run", "--dry-run", "true", env=env)
+    assert auto.stderr.splitlines()[0].endswith("; ranks start through srun"), auto.stderr
+    given = run_dtrain(
+        "run", "--dry-run", "--transport", "ssh", "-H", "localhost:1", "true", env=env
+    )
+    assert "inside Slurm job" not in given.stderr
+    assert re.findall(r"^rank \d +host (\S+)", given.stdout, re.MULTILINE) == ["localhost"]
+
+
+def test_dtrain_hosts_shows_the_allocation() -> None:
+    env = {**child_env(), **ALLOCATION, "SLURM_TASKS_PER_NODE": "4,2"}
+    done = run_dtrain("hosts", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "dtrain: inside Slurm job 7: 6 task(s) on n1:4,n2:2\n"
+    assert [(h["host"], h["slots"]) for h in json.loads(done.stdout)] == [("n1", 4), ("n2", 2)]
+    given = run_dtrain("hosts", "--json", "-H", "a:3", env=env)
+    assert [(h["host"], h["slots"]) for h in json.loads(given.stdout)] == [("a", 3)]
+    bad = run_dtrain("hosts", env={**env, "SLURM_JOB_NODELIST": "n[1-"})
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith("dtrain: error: SLURM_JOB_NODELIST: bad host range 'n[1-'")
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +251,146 @@ def test_tf_parameter_servers_inside_an_allocation(
     nodes = {m for m in re.findall(r"^\[\w+@(node\d)\]", done.stdout, re.MULTILINE)}
     assert nodes == {"node1", "node2", "node3"}, done.stdout[-2000:]  # tasks on every node
     assert slurm_cluster.steps() == []
+
+
+@pytest.mark.slurm
+def test_ssh_transport_inside_an_allocation(slurm_cluster: SlurmCluster, mark: str) -> None:
+    """``--transport ssh`` inside ``salloc -N3 -n6``: the allocation's nodes and tasks, ranks
+    started over SSH (so in no Slurm step)."""
+    code = (
+        "import os, socket; print(os.environ['RANK'], os.environ['WORLD_SIZE'],"
+        " socket.gethostname(), os.environ.get('SLURM_STEP_ID', '-'))"
+    )
+    ssh = ["--transport", "ssh", "--ssh-config", str(slurm_cluster.hosts.ssh_config)]
+    run = [*DTRAIN, "run", *ssh, "-x", f"DTRAIN_TEST_MARK={mark}", "python", "-c", code]
+    done = subprocess.run(
+        ["salloc", "-N3", "-n6", *run],
+        capture_output=True, text=True, env=slurm_cluster.env(child_env()), cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert ": 6 task(s) on node1:2,node2:2,node3:2; ranks start over ssh" in done.stderr
+    rows = sorted(line.split("] ", 1)[1].split() for line in done.stdout.splitlines())
+    assert rows == [[str(r), "6", f"node{r // 2 + 1}", "-"] for r in range(6)], done.stdout
+    assert slurm_cluster.steps() == []
+
+
+def until_gone(cluster: SlurmCluster, mark: str) -> None:
+    """Nothing of the job anywhere: no marked process, no step or job in squeue, no process
+    on any node but its sshd and slurmd."""
+    assert wait_until_gone(mark, timeout=30) == []
+    cluster.wait_idle(timeout=30)
+    assert cluster.steps() == [] and cluster.jobs() == []
+    assert {n: cluster.job_processes(n) for n in cluster.names} == {n: [] for n in cluster.names}
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("how", ["salloc", "sbatch", "salloc --mpi"])
+def test_scancel_on_three_slurm_nodes(
+    slurm_cluster: SlurmCluster, mark: str, how: str, tmp_path: Path
+) -> None:
+    """scancel of the job while dtrain runs six ranks through srun on three nodes (dtrain
+    under salloc here, or in the batch script on node1), or under mpirun here, whose daemons
+    srun started: nothing is left on any node, and dtrain fails (mpirun exits 0 when it
+    loses its daemons)."""
+    env = {**slurm_cluster.env(child_env()), "PYTHONPATH": str(REPO)}
+    mpi = ["--mpi"] if how.endswith("--mpi") else []
+    run = [*DTRAIN, "run", *mpi, "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "120"]
+    name = f"scancel-{mark[:8]}"
+    if how.startswith("salloc"):
+        proc = subprocess.Popen(
+            ["salloc", "-N3", "-n6", f"--job-name={name}", *run],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+        )  # fmt: skip
+    else:
+        batch = ["sbatch", "-N3", "-n6", f"--job-name={name}", f"--output={tmp_path}/out.txt"]
+        slurm_cluster.run([*batch, "--wrap", shlex.join(run)], env=env, check=True, cwd=REPO)
+    pids = wait_for_pids(mark, 6)
+    nodes = set(slurm_cluster.names)
+    assert nodes <= {node_of(slurm_cluster, pid) for pid in pids}
+    steps = wait_for_steps(slurm_cluster, 4 if mpi else 3)  # the agents' (and mpirun's daemons')
+    assert nodes <= {step.split()[1] for step in steps}
+    job_id = slurm_cluster.run(["squeue", "-h", "-n", name, "-o", "%i"], check=True).stdout.strip()
+    slurm_cluster.run(["scancel", job_id], check=True)
+    if how.startswith("salloc"):
+        _, err = proc.communicate(timeout=60)
+        # salloc, told the job is revoked, may SIGTERM dtrain before it sees the steps end
+        assert proc.returncode in (143, 255), err
+        if proc.returncode == 255:
+            assert "ended (scancel, or the allocation's end)" in err, err
+        if proc.returncode == 255 and mpi:
+            assert "mpirun exited 0); stopped the other 5 ranks; dtrain exits 255" in err, err
+    until_gone(slurm_cluster, mark)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("mpi", [[], ["--mpi"]], ids=["srun", "mpi"])
+def test_ctrl_c_in_a_terminal_on_three_slurm_nodes(
+    slurm_cluster: SlurmCluster, mark: str, mpi: list[str]
+) -> None:
+    """``salloc -N3 dtrain run`` in a terminal (ranks through srun, or mpirun's), then Ctrl-C:
+    dtrain stops every rank and exits 130; salloc releases the allocation; nothing is left
+    on any node."""
+    env = slurm_cluster.env(child_env())
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: salloc in a terminal of its own
+        os.chdir(REPO)
+        run = [*DTRAIN, "run", *mpi, "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "120"]
+        os.execvpe("salloc", ["salloc", "-N3", "-n3", *run], env)
+    try:
+        wait_for_pids(mark, 3)
+        os.write(terminal, b"\x03")  # Ctrl-C: SIGINT to the terminal's foreground group
+        screen = read_terminal(terminal, timeout=60)
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(terminal)
+    assert os.waitstatus_to_exitcode(status) == 130, screen
+    # (on a loaded machine mpirun may outlast the grace: "(3 with SIGKILL after the 5 s grace)")
+    assert re.search(
+        r"dtrain: interrupted by SIGINT; stopped 3 ranks( \(.*\))?; dtrain exits 130", screen
+    )
+    until_gone(slurm_cluster, mark)
+
+
+def read_terminal(fd: int, timeout: float) -> str:
+    """What a terminal shows until its programs have all closed it."""
+    data, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], deadline - time.monotonic())
+        try:
+            chunk = os.read(fd, 65536) if ready else b""
+        except OSError:  # EIO: no process has the terminal open any more
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
+
+
+@pytest.mark.slurm
+def test_an_allocation_that_is_gone_is_one_line(slurm_cluster: SlurmCluster) -> None:
+    """SLURM_JOB_ID of a job that no longer runs (a shell left from an old salloc): srun
+    refuses, and dtrain says so in one line (it used to spin forever)."""
+    ended = slurm_cluster.run(["salloc", "-N2", "true"], check=True)
+    job_id = next(word for word in ended.stderr.split() if word.isdigit())
+    env = slurm_cluster.env(child_env())
+    env.update(SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="node[1-2]", SLURM_TASKS_PER_NODE="1(x2)")
+    done = run_dtrain("run", "true", env=env, timeout=60)
+    assert done.returncode == 1
+    notice, error = done.stderr.splitlines()
+    assert notice.endswith("2 task(s) on node1:1,node2:1; ranks start through srun")
+    assert error.startswith("dtrain: error: node")
+    # srun's reason: "Slurm job N has expired", or "Unable to confirm allocation for job N"
+    assert re.search(rf"srun could not start dtrain's agent \(srun: error: .*\b{job_id}\b", error)
+    assert f"(hint: check that Slurm job {job_id} still runs (squeue -j {job_id})" in error
+
+
+def node_of(cluster: SlurmCluster, pid: int) -> str | None:
+    return next((name for name in cluster.names if pid in processes_in(name)), None)
+
+
+def wait_for_steps(cluster: SlurmCluster, count: int, timeout: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while len(steps := cluster.steps()) < count:
+        assert time.monotonic() < deadline, f"expected {count} running steps, have {steps}"
+        time.sleep(0.05)
+    return steps

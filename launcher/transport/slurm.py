@@ -98,6 +98,7 @@ class SrunChannel:
         self.process = process
         self.timeout: float | None = None
         self.closed = False
+        self.stderr_ended = False  # srun's stderr is at its end: nothing more is ready there
 
     def sendall(self, data: bytes) -> None:
         if self.closed:
@@ -119,13 +120,19 @@ class SrunChannel:
         return os.read(fd, size)
 
     def recv_stderr_ready(self) -> bool:
+        """Like paramiko's: data to read now (a pipe at its end selects as readable forever,
+        which must not read as data: drain() loops while this is true)."""
         assert self.process.stderr is not None
+        if self.stderr_ended:
+            return False
         ready, _, _ = select.select([self.process.stderr.fileno()], [], [], 0)
         return bool(ready)
 
     def recv_stderr(self, size: int) -> bytes:
         assert self.process.stderr is not None
-        return os.read(self.process.stderr.fileno(), size)
+        data = os.read(self.process.stderr.fileno(), size)
+        self.stderr_ended = not data
+        return data
 
     def close(self) -> None:
         """Close the agent's lifeline, then let the step end (it ends its ranks), then end it."""
@@ -161,6 +168,16 @@ class SrunConnection:
     @property
     def lost_cause(self) -> str:
         return f"the srun step on {self.host.name} ended (scancel, or the allocation's end)"
+
+    def agent_failed(self, last: str) -> HostConnectionError:
+        """The error for an agent step that ended before its probe report (``last``: srun's
+        or the agent's last line of stderr)."""
+        job = self.environ.get("SLURM_JOB_ID", "?")
+        return HostConnectionError(
+            f"{self.host.name}: srun could not start dtrain's agent ({last})",
+            f"check that Slurm job {job} still runs (squeue -j {job}) and that python3 is on "
+            "the node, or use --transport ssh",
+        )
 
     def open_channel(self, command: str, timeout_s: float) -> SrunChannel:
         srun = shutil.which("srun", path=self.environ.get("PATH"))

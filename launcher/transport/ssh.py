@@ -169,6 +169,15 @@ class SshConnection:
     peer_address: str = ""
     local_address: str = ""
 
+    def agent_failed(self, last: str) -> HostConnectionError:
+        """The error for an agent that ended before its probe report (``last``: its stderr's
+        last line)."""
+        return HostConnectionError(
+            f"{self.host.name}: cannot run Python there ({last})",
+            "install python3 (3.9 or newer) on the host, or make dtrain's interpreter path "
+            "exist there",
+        )
+
     def open_channel(self, command: str, timeout_s: float) -> paramiko.Channel:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
@@ -559,6 +568,7 @@ class HostAgent:
         self.silence_s = silence_s  # an agent silent this long is lost (frozen, cut off)
         self.heard = time.monotonic()  # the last frame from the agent
         self.lost_cause: str | None = None
+        self.ended: str | None = None  # why the channel ended, once it has (EOF, a lost host)
         self.lock = threading.Lock()
         self.processes: dict[int, AgentProcess] = {}  # by run id
         self.buffer = bytearray()  # received, not yet taken: from self.offset on
@@ -608,11 +618,7 @@ class HostAgent:
                 raise HostConnectionError(f"{name}: cannot open an SSH channel: {exc}") from None
             err = drain(channel.recv_stderr, channel.recv_stderr_ready).decode("utf-8", "replace")
             last = (err.strip().splitlines() or ["the channel closed"])[-1]
-            raise HostConnectionError(
-                f"{name}: cannot run Python there ({last})",
-                "install python3 (3.9 or newer) on the host, or make dtrain's interpreter path "
-                "exist there",
-            ) from None
+            raise connection.agent_failed(last) from None
         if kind != agent.PROBED:
             raise HostConnectionError(f"{name}: unexpected answer from the host agent ({kind})")
         channel.settimeout(None)
@@ -693,6 +699,7 @@ class HostAgent:
             or getattr(self.connection, "lost_cause", None)  # srun: the step ended
             or f"the connection to {self.connection.host.name} was lost"
         )
+        self.ended = cause
         for process in self.processes.values():
             process.lost(cause)
 
