@@ -120,9 +120,12 @@ def test_watchdogs_are_reaped_and_their_pipes_closed() -> None:
         assert process.wait() == 0
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        zombies = [p for p in processes if p.popen.poll() is None]  # type: ignore[attr-defined]
-        if not zombies and len(os.listdir("/proc/self/fd")) <= before:
+        left = [p for p in processes if p.returncode is None]
+        if not left and len(os.listdir("/proc/self/fd")) <= before:
             break
         time.sleep(0.05)
-    assert all(p.popen.returncode == 0 for p in processes)  # type: ignore[attr-defined]
+    assert all(p.returncode == 0 for p in processes)
+    assert all(not os.path.exists(f"/proc/{p.pid}") for p in processes)  # reaped: no zombie
+    transport.close()  # the local agent goes, and its socket
+    assert transport.agent is not None and transport.agent.popen.poll() is not None
     assert len(os.listdir("/proc/self/fd")) <= before  # no lifeline left open
