@@ -92,15 +92,22 @@ def on_stop_signal(signum: int, frame: object) -> None:
 
 
 subreaper = False  # orphans of the rank come back to us
+libc: "Any" = None  # ctypes' handle on the C library, once loaded (the local agent preloads it)
+
+
+def load_libc() -> "Any":
+    global libc
+    if libc is None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    return libc
 
 
 def become_subreaper() -> None:
     global subreaper
     try:
-        import ctypes
-
-        done = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        subreaper = done == 0
+        subreaper = load_libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         pass
 
@@ -329,9 +336,14 @@ def serve() -> None:
     watchdog exits, ``x <pid> <status>\\n``.  EOF on the socket (the launcher closed it or
     died) ends the server; the watchdogs go on, each held by its own lifeline.
     """
+    import json  # noqa: F401  (loaded once here, not in every watchdog)
     import selectors
     import socket
 
+    try:
+        load_libc()
+    except OSError:
+        pass
     sock = socket.socket(fileno=0)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)

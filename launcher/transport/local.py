@@ -150,6 +150,15 @@ def read_report(fd: int) -> bytes:
     return data.strip()
 
 
+def process_alive(pid: int) -> bool:
+    """``pid`` runs (a zombie does not: no one may be left to reap it in a container)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 class LocalAgent:
     """``python -I -S watchdog.py --serve``: one process that forks every local rank's watchdog.
 
@@ -185,12 +194,14 @@ class LocalAgent:
         """Ask for a watchdog with these pipe ends (sent, not closed); its pid."""
         with self.lock:
             if self.lost:
-                raise OSError("dtrain's local agent is gone")
+                raise ConnectionError("dtrain's local agent is gone")
             socket.send_fds(self.sock, [b"%010d" % len(body)], fds)
             self.sock.sendall(body)
             answer = self.answers.get()
-        if not answer[:1].isdigit():
-            raise OSError(answer.decode(errors="replace").lstrip("! ") or "no answer")
+        if answer.startswith(b"!"):  # it could not fork
+            raise OSError(answer[1:].decode(errors="replace").strip())
+        if not answer.isdigit():
+            raise ConnectionError("dtrain's local agent is gone")
         return int(answer)
 
     def listen(self) -> None:
@@ -222,7 +233,7 @@ class LocalAgent:
         with self.changed:
             if pid in self.exits:
                 return self.exits[pid]
-            if self.lost and not os.path.exists(f"/proc/{pid}"):
+            if self.lost and not process_alive(pid):
                 return -signal.SIGKILL  # reaped by another (the agent is gone): status unknown
             return None
 
@@ -275,11 +286,7 @@ class LocalTransport:
         theirs = [lifeline[0], stdout[1], stderr[1], status[1]]
         ours = (lifeline[1], stdout[0], stderr[0], status[0])
         try:
-            if self.agent is None:
-                # The agent carries the first rank's environment (the job's variables, -x):
-                # its watchdogs show them in /proc, as a job's processes are found.
-                self.agent = LocalAgent(self.python, env)
-            pid = self.agent.spawn(body, theirs)
+            agent, pid = self.spawn(env, body, theirs)
         except OSError as exc:
             for fd in ours:
                 os.close(fd)
@@ -290,7 +297,20 @@ class LocalTransport:
         finally:
             for fd in theirs:
                 os.close(fd)  # the watchdog's copies are the only ones
-        return LocalProcess(spec, self.agent, pid, ours)
+        return LocalProcess(spec, agent, pid, ours)
+
+    def spawn(self, env: Mapping[str, str], body: bytes, fds: list[int]) -> tuple[LocalAgent, int]:
+        """The watchdog's agent and pid.  A new agent if there is none, or if the last one is
+        gone (its watchdogs go on, and their ends are still seen); no second try once a
+        request was sent (a watchdog may have started: a rank runs once)."""
+        if self.agent is not None and self.agent.lost:
+            self.agent.close()  # reaped
+            self.agent = None
+        if self.agent is None:
+            # The agent carries the first rank's environment (the job's variables, -x): its
+            # watchdogs show them in /proc, as a job's processes are found.
+            self.agent = LocalAgent(self.python, env)
+        return self.agent, self.agent.spawn(body, fds)
 
     def close(self) -> None:
         if self.agent is not None:
