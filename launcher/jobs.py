@@ -221,6 +221,7 @@ def find_job(root: Path, wanted: str | None) -> JobDir:
 
 
 STATUS_EVERY_S = 0.25  # while a job runs, status.json is rewritten at most this often
+MAX_OPEN_LOGS = 256  # rank logs kept open (append mode: one closed and reopened loses nothing)
 
 
 class JobRecorder:
@@ -262,12 +263,14 @@ class JobRecorder:
         if not lines:
             return
         try:
-            file = None if self.files_closed else self.files.get(key)
+            file = None if self.files_closed else self.files.pop(key, None)
             if file is None:
                 name = f"{spec.label}.log" if spec.label else self.job.log_path(spec.rank).name
                 file = open_private(self.job.path / name)
-                if not self.files_closed:
-                    self.files[key] = file
+                if len(self.files) >= MAX_OPEN_LOGS:  # thousands of ranks: not one fd each
+                    self.files.pop(next(iter(self.files))).close()  # the least recently used
+            if not self.files_closed:
+                self.files[key] = file  # (last: the most recently used)
             # One C-level join per batch: this runs for every line of every rank.
             file.write(prefix + (b"\n" + prefix).join(lines) + b"\n")
             file.flush()

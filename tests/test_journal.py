@@ -86,3 +86,23 @@ def test_lines_after_the_journal_finished_still_reach_the_job_directory(tmp_path
     logged = [line.split(b" ", 2)[2] for line in job.log_path(0).read_bytes().splitlines()]
     assert logged == [b"line %d" % i for i in range(1000)] + [b"late 0", b"late 1", b"late 2"]
     assert job.status()["state"] == "succeeded"
+
+
+def test_thousands_of_ranks_keep_a_bounded_number_of_log_files_open(tmp_path: Path) -> None:
+    from launcher.command import LaunchSpec
+    from launcher.hosts import Host
+    from launcher.jobs import MAX_OPEN_LOGS
+
+    job = JobDir.create(tmp_path, "20261125-000000-abcdef", {})
+    recorder = JobRecorder(job)
+    specs = [LaunchSpec(r, Host("h"), 0, argv=("true",), env={}) for r in range(MAX_OPEN_LOGS * 3)]
+    for round_ in range(3):  # every rank's file is closed and reopened between rounds
+        for spec in specs:
+            recorder.show(spec, "stdout", [b"round %d rank %d" % (round_, spec.rank)])
+            assert len(recorder.files) <= MAX_OPEN_LOGS
+    recorder.close_files()
+    for spec in specs:
+        logged = [
+            line.split(b" ", 2)[2] for line in job.log_path(spec.rank).read_bytes().splitlines()
+        ]
+        assert logged == [b"round %d rank %d" % (r, spec.rank) for r in range(3)]
