@@ -203,7 +203,8 @@ def render(series: list[Series], machine: dict[str, str], reps: int, command: st
         mine = by_name[name].median(wall)
         met = mine <= TARGET_MPIRUN * mpirun and mine <= TARGET_TORCHRUN * torchrun
         body.append(
-            f"* {name}: {mine * 1000:.0f} ms = {mine / mpirun:.1f}x mpirun (target <= {TARGET_MPIRUN:g}x) "
+            f"* {name}: {mine * 1000:.0f} ms = {mine / mpirun:.1f}x mpirun "
+            f"(target <= {TARGET_MPIRUN:g}x) "
             f"and {mine / torchrun:.3f}x torchrun (target <= {TARGET_TORCHRUN:g}x): "
             + ("**met**" if met else "**missed**")
         )

@@ -61,7 +61,8 @@ def overview(sections: Sequence[Section], quick: bool, seconds: float) -> str:
         [
             OVERVIEW,
             "",
-            f"`python benchmarks/run.py{' --quick' if quick else ''}` ({time.strftime('%Y-%m-%d %H:%M')}, "
+            f"`python benchmarks/run.py{' --quick' if quick else ''}` "
+            f"({time.strftime('%Y-%m-%d %H:%M')}, "
             f"{seconds:.0f} s). Each row comes from a section below, which says how it was "
             "measured and on what machine.",
             "",
