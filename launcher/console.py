@@ -219,13 +219,23 @@ def decode_lines(lines: list[bytes]) -> list[str]:
 
 def make_line_view(out: TextIO, err: TextIO, tag_format: str, color: bool | None) -> LineView:
     """A LineView coloured when ``out`` is a terminal (rich decides, honouring NO_COLOR)."""
+    if color is False or (color is None and not forced_terminal() and not out.isatty()):
+        # Not a terminal, as rich would find: no need to load rich (a local launch's start).
+        return LineView(out, err, tag_format=tag_format)
     from rich.console import Console
 
-    probe = Console(file=out, force_terminal=color, no_color=True if color is False else None)
+    probe = Console(file=out, force_terminal=color)
     use_color = probe.is_terminal and probe.color_system is not None and not probe.no_color
     return LineView(
         out, err, tag_format=tag_format, color=use_color, color_system=probe.color_system
     )
+
+
+def forced_terminal() -> bool:
+    """Variables by which rich takes any file for a terminal (force-color.org)."""
+    import os
+
+    return os.environ.get("TTY_COMPATIBLE") == "1" or bool(os.environ.get("FORCE_COLOR"))
 
 
 def format_error(error: LauncherError) -> str:

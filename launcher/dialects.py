@@ -18,7 +18,6 @@ every row, and docs/coming-from.md must list every flag in it.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -403,6 +402,8 @@ def suggestion(typed: str, command: click.Command) -> str | None:
         if opt.startswith("-") and opt not in refused
     ]
     bare = {normalized(opt): opt for opt in known}
+    import difflib
+
     found = difflib.get_close_matches(normalized(typed), list(bare), n=1, cutoff=0.85)
     return bare[found[0]] if found and len(normalized(typed)) >= 4 else None
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import os
 import re
-import secrets
 import shutil
 import socket
 import threading
@@ -45,7 +45,7 @@ ACTIVE = (RUNNING, "starting", "restarting")  # a launcher is at work on the job
 
 def new_job_id(clock: Callable[[], float] = time.time) -> str:
     """A sortable, unique id: ``20261122-035012-a1b2c3``."""
-    return time.strftime("%Y%m%d-%H%M%S", time.localtime(clock())) + "-" + secrets.token_hex(3)
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(clock())) + "-" + os.urandom(3).hex()
 
 
 def jobs_root(option: str | None, environ: Mapping[str, str]) -> Path:
@@ -220,12 +220,31 @@ def find_job(root: Path, wanted: str | None) -> JobDir:
     return matches[0]
 
 
-class JobRecorder:
-    """The sink that keeps everything in the job directory (all ranks, whatever is shown)."""
+STATUS_EVERY_S = 0.25  # while a job runs, status.json is rewritten at most this often
+MAX_OPEN_LOGS = 256  # rank logs kept open (append mode: one closed and reopened loses nothing)
 
-    def __init__(self, job: JobDir, clock: Callable[[], float] = time.time) -> None:
+
+class JobRecorder:
+    """The sink that keeps everything in the job directory (all ranks, whatever is shown).
+
+    Rank states reach ``status.json`` at most every ``status_every_s`` (a burst of starts
+    or exits is one write, made when the interval is over); the job's end is written at once.
+    """
+
+    def __init__(
+        self,
+        job: JobDir,
+        clock: Callable[[], float] = time.time,
+        status_every_s: float = STATUS_EVERY_S,
+    ) -> None:
         self.job = job
         self.clock = clock
+        self.status_every_s = status_every_s
+        self.status_lock = threading.Lock()  # the writer thread, a pending write, the end
+        self.status_written = -math.inf  # when status.json was last written (monotonic)
+        self.pending: threading.Timer | None = None  # the write that ends a burst
+        self.ended = False  # the job's end is recorded: nothing may overwrite it
+        self.files_closed = False  # the job ended: a late line opens its file for itself
         self.files: dict[str, BinaryIO] = {}
         self.failed = False
         self.ranks: dict[int, RankState] = {}
@@ -246,28 +265,51 @@ class JobRecorder:
         if not lines:
             return
         try:
-            file = self.files.get(key)
+            file = None if self.files_closed else self.files.pop(key, None)
             if file is None:
                 name = f"{spec.label}.log" if spec.label else self.job.log_path(spec.rank).name
-                file = self.files[key] = open_private(self.job.path / name)
+                file = open_private(self.job.path / name)
+                if len(self.files) >= MAX_OPEN_LOGS:  # thousands of ranks: not one fd each
+                    self.files.pop(next(iter(self.files))).close()  # the least recently used
+            if not self.files_closed:
+                self.files[key] = file  # (last: the most recently used)
             # One C-level join per batch: this runs for every line of every rank.
             file.write(prefix + (b"\n" + prefix).join(lines) + b"\n")
             file.flush()
+            if self.files_closed:  # a line after the job's end (its reader had waited)
+                file.close()
         except OSError:
             # A full disk must not kill the training: the job goes on without its log.
             self.failed = True
 
     def update(self, state: RankState) -> None:
-        self.ranks[state.rank] = state
-        try:
-            self.write_status(RUNNING, None)
-        except OSError:
-            self.failed = True  # as for the logs: the job goes on
+        with self.status_lock:
+            self.ranks[state.rank] = state
+            wait_s = self.status_written + self.status_every_s - time.monotonic()
+            if wait_s > 0:
+                if self.pending is None:
+                    self.pending = threading.Timer(wait_s, self.write_pending)
+                    self.pending.daemon = True
+                    self.pending.start()
+                return
+        self.write_pending()
+
+    def write_pending(self) -> None:
+        """Write the rank states now (unless the job's end is written already)."""
+        with self.status_lock:
+            self.pending = None
+            if self.ended:
+                return
+            try:
+                self.write_status(RUNNING, None)
+            except OSError:
+                self.failed = True  # as for the logs: the job goes on
 
     def write_plan(self, entries: Sequence[Mapping[str, object]]) -> None:
         write_json(self.job.path / "plan.json", list(entries))
 
     def write_status(self, state: str, exit_code: int | None) -> None:
+        self.status_written = time.monotonic()
         write_json(
             self.job.path / "status.json",
             {
@@ -285,19 +327,29 @@ class JobRecorder:
         )
 
     def close_files(self) -> None:
+        self.files_closed = True
         for file in self.files.values():
             try:
                 file.close()
             except OSError:
                 pass
 
+    def end_status(self, state: str, exit_code: int | None) -> None:
+        """The job's end, written at once; no pending write comes after it."""
+        with self.status_lock:
+            self.ended = True
+            if self.pending is not None:
+                self.pending.cancel()
+                self.pending = None
+            try:
+                self.write_status(state, exit_code)
+            except OSError:
+                pass  # a full disk: the job's end is still the launcher's exit code
+
     def finish_error(self) -> None:
         """The launcher failed before the job's end was known: the job failed."""
         self.close_files()
-        try:
-            self.write_status("failed", 1)
-        except OSError:
-            pass  # as in finish
+        self.end_status("failed", 1)
 
     def finish(self, result: JobResult, stopped: bool, restarting: bool = False) -> None:
         self.close_files()
@@ -312,10 +364,7 @@ class JobRecorder:
         else:
             state = "failed"
         self.result = result_record(result)
-        try:
-            self.write_status(state, result.exit_code)
-        except OSError:
-            pass  # a full disk: the job's end is still the launcher's exit code
+        self.end_status(state, result.exit_code)
 
 
 def result_record(result: JobResult) -> dict[str, Any]:

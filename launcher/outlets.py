@@ -59,23 +59,28 @@ class OutputQueue:
         self.pending: dict[tuple[int, str | None], int] = {}  # bytes queued per rank
         self.dropped = 0  # lines a lossy queue let go since the last report
         self.closed = False  # no more items will come
+        self.done = False  # the writer took the last item: later lines are not queued
         self.abandoned = False  # the sink is gone: take nothing more
 
-    def put_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        """Queue a rank's lines; wait while that rank's share is full (or drop, if lossy)."""
+    def put_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> bool:
+        """Queue a rank's lines; wait while that rank's share is full (or drop, if lossy).
+        False: the writer is done (closed and emptied), the lines were not taken."""
         size = sum(len(line) for line in lines) + LINE_OVERHEAD_BYTES * len(lines)
         key = (spec.rank, spec.label)
         with self.ready:
-            while not self.abandoned and self.is_full(key, size):
+            while not self.abandoned and not self.done and self.is_full(key, size):
                 if self.lossy:
                     self.dropped += len(lines)
-                    return
+                    return True
                 self.ready.wait()
             if self.abandoned:
-                return
+                return True
+            if self.done:
+                return False
             self.items.append(Lines(spec, stream, lines, size))
             self.pending[key] = self.pending.get(key, 0) + size
             self.ready.notify_all()
+            return True
 
     def is_full(self, key: tuple[int, str | None], size: int) -> bool:
         """No room for ``size`` more bytes of this rank (a batch larger than the limit
@@ -105,6 +110,8 @@ class OutputQueue:
                 self.ready.wait(left)
             dropped, self.dropped = self.dropped, 0
             if not self.items or self.abandoned:
+                self.done = True  # decided under the lock: nothing more is queued after this
+                self.ready.notify_all()
                 return None, dropped
             item = self.items.popleft()
             if isinstance(item, Lines):
@@ -146,8 +153,24 @@ class Outlet:
         self.on_drop = on_drop
         self.patience_s = patience_s  # after Ctrl-C/SIGTERM, how long to wait for the writer
         self.error: BaseException | None = None
+        self.late = threading.Lock()  # lines that come after the queue closed
         self.thread = threading.Thread(target=self.write, name=f"dtrain-{name}", daemon=True)
         self.thread.start()
+
+    def post_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        """Queue the lines.  Once the writer is done, a journal still gets them, written here
+        after everything queued before (a rank's reader may outlive the job's end: it waited
+        on a paused view); a view's are dropped (the job finished the view)."""
+        if self.queue.put_lines(spec, stream, lines) or self.is_view:
+            return
+        self.thread.join()  # the writer ends once it has written what was queued
+        with self.late:
+            if self.error is not None:
+                return
+            try:
+                self.sink.show(spec, stream, lines)
+            except BaseException as exc:  # as in the writer: the job goes on without it
+                self.error = exc
 
     def write(self) -> None:
         # A sink that holds lines for a while (the collapsing view) says until when, gets a
@@ -209,7 +232,7 @@ class Fanout:
 
     def post_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         for outlet in self.outlets:
-            outlet.queue.put_lines(spec, stream, lines)
+            outlet.post_lines(spec, stream, lines)
 
     def post_state(self, state: RankState) -> None:
         for outlet in self.outlets:

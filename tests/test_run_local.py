@@ -423,8 +423,10 @@ def test_a_watchdog_killed_alone_fails_its_rank_and_leaves_nothing(mark: str) ->
     proc = start_dtrain(
         "run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", "sleep 300 & wait"
     )
-    pids = wait_for_pids(mark, 2 * 3)  # per rank: watchdog, sh, sleep
-    watchdog = next(p for p in pids if b"watchdog.py" in Path(f"/proc/{p}/cmdline").read_bytes())
+    pids = wait_for_pids(mark, 1 + 2 * 3)  # the local agent; per rank: watchdog, sh, sleep
+    shell = next(p for p in pids if Path(f"/proc/{p}/comm").read_text().strip() == "sh")
+    watchdog = int(Path(f"/proc/{shell}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+    assert b"watchdog.py" in Path(f"/proc/{watchdog}/cmdline").read_bytes()
     os.kill(watchdog, signal.SIGKILL)  # as the OOM killer would
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGKILL, err

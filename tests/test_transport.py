@@ -120,9 +120,33 @@ def test_watchdogs_are_reaped_and_their_pipes_closed() -> None:
         assert process.wait() == 0
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        zombies = [p for p in processes if p.popen.poll() is None]  # type: ignore[attr-defined]
-        if not zombies and len(os.listdir("/proc/self/fd")) <= before:
+        left = [p for p in processes if p.returncode is None]
+        if not left and len(os.listdir("/proc/self/fd")) <= before:
             break
         time.sleep(0.05)
-    assert all(p.popen.returncode == 0 for p in processes)  # type: ignore[attr-defined]
+    assert all(p.returncode == 0 for p in processes)
+    assert all(not os.path.exists(f"/proc/{p.pid}") for p in processes)  # reaped: no zombie
+    transport.close()  # the local agent goes, and its socket
+    assert transport.agent is not None and transport.agent.popen.poll() is not None
     assert len(os.listdir("/proc/self/fd")) <= before  # no lifeline left open
+
+
+def test_ranks_outlive_a_lost_local_agent_and_a_new_one_starts() -> None:
+    transport = LocalTransport(dict(os.environ), grace_s=1.0)
+    first = transport.start(LaunchSpec(0, Host("localhost"), 0, argv=("sleep", "30"), env={}))
+    deadline = time.monotonic() + 10
+    while len(group_members(first.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert transport.agent is not None
+    lost = transport.agent
+    os.kill(lost.popen.pid, signal.SIGKILL)  # the agent alone: its watchdogs go on
+    lost.popen.wait()
+    second = transport.start(LaunchSpec(1, Host("localhost"), 0, argv=("true",), env={}))
+    assert transport.agent is not lost  # a new agent forked it
+    assert second.wait() == 0
+    assert first.returncode is None  # still watched, still running
+    first.signal(signal.SIGTERM)
+    assert first.wait() == -signal.SIGTERM
+    assert first.gone(10)  # its end is seen without the agent that forked it
+    assert group_members(first.pid) == []
+    transport.close()

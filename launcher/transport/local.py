@@ -1,26 +1,30 @@
-"""Ranks on this machine: each under the watchdog, in its own session."""
+"""Ranks on this machine: each under a watchdog, in its own session, forked by one local agent."""
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import IO, Any
 
 from launcher import remote
 from launcher.command import LaunchSpec
 from launcher.errors import LauncherError
-from launcher.remote import agent
 from launcher.transport.base import Stream
 
 WATCHDOG = remote.path("watchdog")
 NVIDIA_SMI_TIMEOUT_S = 10.0
 KILL_FALLBACK_S = 1.0  # SIGKILL the group ourselves if the watchdog has not done it
+LOST_POLL_S = 0.05  # without the local agent, how often to look for a watchdog's end
+AGENT_EXIT_S = 5.0  # the local agent exits at once when its socket closes; at most this
 
 
 def build_child_env(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]:
@@ -30,16 +34,25 @@ def build_child_env(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]
 
 
 class LocalProcess:
-    """A rank on this machine: the watchdog process and its pipes."""
+    """A rank on this machine: its watchdog (forked by the local agent) and its pipes."""
 
-    def __init__(self, spec: LaunchSpec, popen: subprocess.Popen[bytes], status_fd: int) -> None:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        agent: LocalAgent,
+        pid: int,
+        pipes: tuple[int, int, int, int],  # our ends: lifeline, stdout, stderr, status
+    ) -> None:
         self.spec = spec
-        self.popen = popen
-        self.pid = popen.pid
-        assert popen.stdout is not None and popen.stderr is not None and popen.stdin is not None
-        self.files: dict[Stream, IO[bytes]] = {"stdout": popen.stdout, "stderr": popen.stderr}
-        self.lifeline = popen.stdin
-        self.status_fd = status_fd  # the watchdog's report: the program's status, out of band
+        self.agent = agent
+        self.pid = pid
+        lifeline, stdout, stderr, status = pipes
+        self.files: dict[Stream, IO[bytes]] = {
+            "stdout": os.fdopen(stdout, "rb", buffering=0),
+            "stderr": os.fdopen(stderr, "rb", buffering=0),
+        }
+        self.lifeline = os.fdopen(lifeline, "wb", buffering=0)
+        self.status_fd = status  # the watchdog's report: the program's status, out of band
         self.cause: str | None = None
 
     def read(self, stream: Stream, size: int) -> bytes:
@@ -58,16 +71,21 @@ class LocalProcess:
         if report.lstrip(b"-").isdigit():
             code = int(report)
         else:  # the watchdog was killed (OOM killer, kill -9): end its group for it
-            code = self.popen.wait()
+            code = self.agent.wait_exit(self.pid, None) or -signal.SIGKILL
             signal_group(self.pid, signal.SIGKILL)
         # The watchdog still ends what the program left (it may still need our signals):
-        # reap it, and close its lifeline, once it is done, in the background.
+        # close its lifeline once it is done, in the background.
         threading.Thread(target=self.reap, daemon=True).start()
         return code
 
+    @property
+    def returncode(self) -> int | None:
+        """The watchdog's exit status once it exited (None: still there)."""
+        return self.agent.exit_status(self.pid)
+
     def reap(self) -> None:
-        """Wait for the watchdog (no zombie), then close its lifeline (no fd outlives it)."""
-        self.popen.wait()
+        """Wait for the watchdog to exit, then close its lifeline (no fd outlives it)."""
+        self.agent.wait_exit(self.pid, None)
         try:
             self.lifeline.close()
         except OSError:
@@ -75,11 +93,10 @@ class LocalProcess:
 
     def signal(self, signum: int) -> None:
         """Ask the watchdog to signal every process of the rank; SIGKILL is also enforced here."""
-        if self.popen.poll() is not None:
+        if self.returncode is not None:
             return
         try:
             self.lifeline.write(f"{signum}\n".encode())
-            self.lifeline.flush()
         except (OSError, ValueError):  # ValueError: closed as the rank exited meanwhile
             pass
         if signum == signal.SIGKILL:
@@ -88,20 +105,20 @@ class LocalProcess:
             timer.start()
 
     def dump_stacks(self, timeout: float) -> dict[str, Any]:
+        from launcher.remote import agent
+
         return agent.dump_stacks(self.pid, local_py_spy())
 
     def take_stats(self, timeout: float) -> dict[str, Any]:
+        from launcher.remote import agent
+
         return agent.take_stats(self.pid)
 
     def gone(self, timeout: float) -> bool:
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
+        return self.agent.wait_exit(self.pid, timeout) is not None
 
     def kill_group(self) -> None:
-        if self.popen.poll() is None:
+        if self.returncode is None:
             signal_group(self.pid, signal.SIGKILL)  # the watchdog leads the group
 
 
@@ -119,6 +136,8 @@ def kill_local_mpi_leftovers(job_id: str) -> list[int]:
 
 def local_py_spy() -> str | None:
     """py-spy here: beside dtrain's interpreter (a dependency), else on PATH."""
+    from launcher.remote import agent
+
     return agent.find_py_spy(None)
 
 
@@ -143,8 +162,121 @@ def read_report(fd: int) -> bytes:
     return data.strip()
 
 
+def process_alive(pid: int) -> bool:
+    """``pid`` runs (a zombie does not: no one may be left to reap it in a container)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+class LocalAgent:
+    """``python -I -S watchdog.py --serve``: one process that forks every local rank's watchdog.
+
+    The ranks' pipes are made here and handed over on a Unix socket; the agent answers each
+    request with the watchdog's pid, and tells when a watchdog exits (it reaps them).  If the
+    agent itself is gone, a watchdog's end is seen as its pid leaving ``/proc``.
+    """
+
+    def __init__(self, python: str, env: Mapping[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.popen = subprocess.Popen(
+                [python, "-I", "-S", str(WATCHDOG), "--serve"],
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                env=dict(env),
+                start_new_session=True,  # a Ctrl-C at the terminal is the launcher's to handle
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.lock = threading.Lock()  # one request at a time
+        self.answers: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self.exits: dict[int, int] = {}
+        self.changed = threading.Condition()
+        self.lost = False  # the agent is gone: no more exit reports
+        threading.Thread(target=self.listen, name="dtrain-local-agent", daemon=True).start()
+
+    def spawn(self, body: bytes, fds: list[int]) -> int:
+        """Ask for a watchdog with these pipe ends (sent, not closed); its pid."""
+        with self.lock:
+            if self.lost:
+                raise ConnectionError("dtrain's local agent is gone")
+            socket.send_fds(self.sock, [b"%010d" % len(body)], fds)
+            self.sock.sendall(body)
+            answer = self.answers.get()
+        if answer.startswith(b"!"):  # it could not fork
+            raise OSError(answer[1:].decode(errors="replace").strip())
+        if not answer.isdigit():
+            raise ConnectionError("dtrain's local agent is gone")
+        return int(answer)
+
+    def listen(self) -> None:
+        """Answers to requests go to ``spawn``; exit reports are kept for ``wait_exit``."""
+        buffered = b""
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buffered += chunk
+            *lines, buffered = buffered.split(b"\n")
+            for line in lines:
+                if line.startswith(b"x "):
+                    _, pid, status = line.split()
+                    with self.changed:
+                        self.exits[int(pid)] = int(status)
+                        self.changed.notify_all()
+                else:
+                    self.answers.put(line)
+        with self.changed:
+            self.lost = True
+            self.changed.notify_all()
+        self.answers.put(b"")  # a request in flight gets no answer
+
+    def exit_status(self, pid: int) -> int | None:
+        with self.changed:
+            if pid in self.exits:
+                return self.exits[pid]
+            if self.lost and not process_alive(pid):
+                return -signal.SIGKILL  # reaped by another (the agent is gone): status unknown
+            return None
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        """The watchdog's exit status once it exited; None after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.changed:
+            while (status := self.exit_status(pid)) is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                # Without the agent nobody tells: look again now and then.
+                self.changed.wait(min(left or LOST_POLL_S, LOST_POLL_S) if self.lost else left)
+            return status
+
+    def close(self) -> None:
+        """Close the socket: the agent exits (the watchdogs live on, on their lifelines)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            self.popen.wait(AGENT_EXIT_S)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
 class LocalTransport:
-    """Starts ranks as ``python -I -S watchdog.py GRACE STATUS_FD -- argv`` on this machine."""
+    """Starts ranks on this machine, each under a watchdog forked by one local agent."""
 
     def __init__(
         self,
@@ -155,33 +287,46 @@ class LocalTransport:
         self.environ = dict(environ)
         self.grace_s = grace_s
         self.python = python
+        self.agent: LocalAgent | None = None
 
     def start(self, spec: LaunchSpec) -> LocalProcess:
-        status_read, status_write = os.pipe()
-        argv = [self.python, "-I", "-S", str(WATCHDOG), str(self.grace_s), str(status_write)]
+        env = build_child_env(self.environ, spec)
+        body = json.dumps(
+            {"argv": list(spec.argv), "env": env, "cwd": spec.cwd, "grace_s": self.grace_s}
+        ).encode()
+        lifeline, stdout, stderr, status = os.pipe(), os.pipe(), os.pipe(), os.pipe()
+        theirs = [lifeline[0], stdout[1], stderr[1], status[1]]
+        ours = (lifeline[1], stdout[0], stderr[0], status[0])
         try:
-            popen = subprocess.Popen(
-                [*argv, "--", *spec.argv],
-                stdin=subprocess.PIPE,  # the watchdog's lifeline: EOF when we die
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=build_child_env(self.environ, spec),
-                cwd=spec.cwd,
-                start_new_session=True,
-                pass_fds=(status_write,),
-            )
+            agent, pid = self.spawn(env, body, theirs)
         except OSError as exc:
-            os.close(status_read)
+            for fd in ours:
+                os.close(fd)
             raise LauncherError(
                 f"cannot start rank {spec.rank} on localhost: {exc}",
                 "check the limits on processes and open files (ulimit -u, -n)",
             ) from None
         finally:
-            os.close(status_write)  # the watchdog's copy is the only writer
-        return LocalProcess(spec, popen, status_read)
+            for fd in theirs:
+                os.close(fd)  # the watchdog's copies are the only ones
+        return LocalProcess(spec, agent, pid, ours)
+
+    def spawn(self, env: Mapping[str, str], body: bytes, fds: list[int]) -> tuple[LocalAgent, int]:
+        """The watchdog's agent and pid.  A new agent if there is none, or if the last one is
+        gone (its watchdogs go on, and their ends are still seen); no second try once a
+        request was sent (a watchdog may have started: a rank runs once)."""
+        if self.agent is not None and self.agent.lost:
+            self.agent.close()  # reaped
+            self.agent = None
+        if self.agent is None:
+            # The agent carries the first rank's environment (the job's variables, -x): its
+            # watchdogs show them in /proc, as a job's processes are found.
+            self.agent = LocalAgent(self.python, env)
+        return self.agent, self.agent.spawn(body, fds)
 
     def close(self) -> None:
-        pass
+        if self.agent is not None:
+            self.agent.close()
 
 
 def find_free_ports(count: int) -> list[int]:

@@ -1,0 +1,252 @@
+"""Local launch: 8 x ``true`` with dtrain, mpirun and torchrun on this machine.
+
+Each configuration is a fresh launcher process, timed from ``Popen`` to its exit
+(``common.run_launcher``); runs are interleaved (every configuration once per round,
+the order turning each round) after one warm-up round that is not counted.
+
+* ``dtrain run -np 8 --plain true``, its output on a pipe;
+* ``dtrain run -np 8 true`` on a pseudo-terminal (TERM=xterm-256color): the live view;
+* ``mpirun --allow-run-as-root --oversubscribe -np 8 true`` (Open MPI);
+* ``torchrun --nproc-per-node 8 --no-python true``;
+* with ``--baseline REF``, dtrain as it was at git REF (a worktree of it, the same
+  Python), ``--plain``: before and after.
+
+Every dtrain run gets a fresh ``--job-dir`` root (the job directory is part of its work).
+Every launcher runs in a scratch directory (``python -m`` puts its working directory
+first on ``sys.path``: the baseline must not import this checkout).
+
+    python benchmarks/launch_local.py [--reps 15] [--baseline REF]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (
+    BIN,
+    REPO,
+    Chart,
+    Sample,
+    Section,
+    Series,
+    bench_env,
+    describe_machine,
+    interleave,
+    machine_line,
+    ratio,
+    run_launcher,
+    spread,
+    table,
+)
+
+TITLE = "## Local launch: 8 x true, dtrain vs mpirun vs torchrun"
+RANKS = 8
+TARGET_MPIRUN = 4.0  # dtrain at most 4x mpirun's wall time
+TARGET_TORCHRUN = 0.05  # ...and at most 0.05x torchrun's
+
+
+def dtrain_argv(tree: Path | None, extra: Sequence[str], job_root: Path) -> list[str]:
+    """``python -m launcher`` of ``tree`` (None: this checkout, as the ``dtrain`` script)."""
+    launcher = [str(BIN / "dtrain")] if tree is None else [sys.executable, "-m", "launcher"]
+    return [*launcher, "run", "-np", str(RANKS), *extra, "--job-dir", str(job_root), "true"]
+
+
+def configurations(
+    baseline: Path | None, scratch: Path
+) -> list[tuple[Series, Callable[[], Sample]]]:
+    env = bench_env()
+    term_env = bench_env({"TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"})
+    mpirun = [
+        str(BIN / "mpirun"),
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        str(RANKS),
+        "true",
+    ]
+    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", str(RANKS), "--no-python", "true"]
+
+    def dtrain(tree: Path | None, extra: Sequence[str], terminal: bool) -> Callable[[], Sample]:
+        run_env = dict(term_env if terminal else env)
+        if tree is not None:
+            run_env["PYTHONPATH"] = str(tree)
+
+        def run() -> Sample:
+            root = Path(tempfile.mkdtemp(dir=scratch))
+            try:
+                return run_launcher(
+                    dtrain_argv(tree, extra, root), run_env, terminal=terminal, cwd=scratch
+                )
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+
+        return run
+
+    found = [
+        (
+            Series("dtrain --plain", f"dtrain run -np {RANKS} --plain true"),
+            dtrain(None, ["--plain"], False),
+        ),
+        (Series("dtrain (live view, pty)", f"dtrain run -np {RANKS} true"), dtrain(None, [], True)),
+        (
+            Series("mpirun", " ".join(["mpirun", *mpirun[1:]])),
+            lambda: run_launcher(mpirun, env, cwd=scratch),
+        ),
+        (
+            Series("torchrun", " ".join(["torchrun", *torchrun[1:]])),
+            lambda: run_launcher(torchrun, env, cwd=scratch),
+        ),
+    ]
+    if baseline is not None:
+        found.append(
+            (
+                Series(
+                    "dtrain --plain, before",
+                    f"dtrain run -np {RANKS} --plain true (at {baseline.name})",
+                ),
+                dtrain(baseline, ["--plain"], False),
+            )
+        )
+    return found
+
+
+def make_baseline(ref: str, scratch: Path) -> Path:
+    """A worktree of ``ref`` (removed by ``remove_baseline``)."""
+    tree = scratch / f"baseline-{ref}"
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), ref],
+        check=True,
+        capture_output=True,
+    )
+    return tree
+
+
+def remove_baseline(tree: Path) -> None:
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+        check=False,
+        capture_output=True,
+    )
+
+
+def measure(reps: int, baseline_ref: str | None) -> tuple[list[Series], dict[str, str]]:
+    scratch = Path(tempfile.mkdtemp(prefix="dtrain-bench-launch-"))
+    baseline = make_baseline(baseline_ref, scratch) if baseline_ref else None
+    try:
+        pairs = configurations(baseline, scratch)
+        series = [s for s, _ in pairs]
+        runs = [r for _, r in pairs]
+        for run in runs:  # warm-up: caches, bytecode; not counted
+            run()
+        machine = describe_machine()
+        interleave(series, runs, reps)
+        machine["load average after"] = " ".join(f"{x:.2f}" for x in __import__("os").getloadavg())
+        return series, machine
+    finally:
+        if baseline is not None:
+            remove_baseline(baseline)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def render(series: list[Series], machine: dict[str, str], reps: int, command: str) -> Section:
+    by_name = {s.name: s for s in series}
+    wall = lambda s: s.wall_s  # noqa: E731
+    mpirun, torchrun = by_name["mpirun"].median(wall), by_name["torchrun"].median(wall)
+    rows = []
+    for s in series:
+        rows.append(
+            [
+                f"`{s.command}`"
+                if not s.name.startswith("dtrain (live")
+                else f"`{s.command}` (pty)",
+                spread(s.values(wall)),
+                spread(s.values(lambda x: x.launcher_cpu_s)),
+                spread(s.values(lambda x: x.all_cpu_s)),
+                ratio(s.median(wall), mpirun),
+                ratio(s.median(wall), torchrun),
+                str(s.failures),
+            ]
+        )
+    body = [
+        f"`{command}`. {reps} runs of each, interleaved (one of each per round, the order "
+        "turning), after one warm-up round. Times in ms: median (min-max). *Launcher CPU*: the "
+        "launcher process alone (its threads); *all CPU*: it and every process it started and "
+        "reaped (ranks, watchdogs, daemons). dtrain writes its job directory (plan, status, "
+        "one log per rank) in every run; mpirun and torchrun keep no record.",
+        "",
+        f"Machine: {machine_line(machine)}.",
+        "",
+        *table(
+            [
+                "launcher",
+                "wall ms",
+                "launcher CPU ms",
+                "all CPU ms",
+                "/ mpirun",
+                "/ torchrun",
+                "failed",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    summary = []
+    for name in ("dtrain --plain", "dtrain (live view, pty)"):
+        mine = by_name[name].median(wall)
+        met = mine <= TARGET_MPIRUN * mpirun and mine <= TARGET_TORCHRUN * torchrun
+        body.append(
+            f"* {name}: {mine * 1000:.0f} ms = {mine / mpirun:.1f}x mpirun "
+            f"(target <= {TARGET_MPIRUN:g}x) "
+            f"and {mine / torchrun:.3f}x torchrun (target <= {TARGET_TORCHRUN:g}x): "
+            + ("**met**" if met else "**missed**")
+        )
+        summary.append(
+            (
+                f"local launch, 8 x true ({name})",
+                f"{mine * 1000:.0f} ms",
+                f"mpirun {mpirun * 1000:.0f} ms, torchrun {torchrun * 1000:.0f} ms",
+                f"<= {TARGET_MPIRUN:g}x mpirun, <= {TARGET_TORCHRUN:g}x torchrun: "
+                + ("met" if met else "missed"),
+            )
+        )
+    chart = Chart(
+        name="launch_local",
+        title="Local launch, 8 x true (median wall time)",
+        xlabel="",
+        ylabel="ms",
+        lines={s.name: [(0, s.median(wall) * 1000)] for s in series},
+        bars=True,
+        logy=True,
+    )
+    return Section(TITLE, body, [chart], summary)
+
+
+def run(quick: bool, baseline: str | None = None) -> Section:
+    reps = 5 if quick else 15
+    series, machine = measure(reps, baseline)
+    command = "python benchmarks/launch_local.py" + (" --quick" if quick else "")
+    if baseline:
+        command += f" --baseline {baseline}"
+    return render(series, machine, reps, command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="5 rounds instead of 15")
+    parser.add_argument("--baseline", help="also time dtrain as it was at this git ref")
+    args = parser.parse_args(argv)
+    section = run(args.quick, args.baseline)
+    print("\n".join([section.title, "", *section.body]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""1,000 hosts x 8 ranks, simulated: dtrain's own cost as the job grows.
+
+Every size runs in a fresh Python process (``--one HOSTS``) that drives the real job
+layer (``launcher.job.run_job``: plan, survey, specs, supervisor, outlets, the job
+directory) with ``simtransport.SimTransport`` in place of SSH and ``sim_survey`` in
+place of the survey.  Measured there:
+
+* planning: ``plan_job`` and ``build_job_specs`` for the host list (pure; also at 5,000
+  hosts, where nothing is run);
+* a whole job: every rank starts after its host's latency, prints 10 lines, exits 0
+  after 0.2 s: the launcher's CPU time (``time.process_time``: all its threads, the
+  simulator's one scheduler thread included), its peak memory (``ru_maxrss``), its
+  threads and file descriptors at their peak, the time until every rank ran and the
+  time to the end;
+* teardown: rank 0 fails after 0.5 s while the others run on; the time from that
+  failure until every rank has exited and until ``run_job`` returned.
+
+    python benchmarks/scale_sim.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+RANKS_PER_HOST = 8
+TITLE = "## 1,000 hosts x 8 ranks, simulated"
+TARGET_CPU_PER_RANK_S = 0.005
+TARGET_PLAN_S = 1.0
+
+
+class QuietFrontend:
+    """The job's terminal, discarding everything (the job directory still gets every line)."""
+
+    def open_view(self, job_id: str, plan: Any, remote: bool = False) -> tuple[Any, Any]:
+        from launcher.console import QuietView
+
+        return QuietView(), nullcontext()
+
+    def notice(self, text: str) -> None:
+        pass
+
+
+def host_list(hosts: int) -> str:
+    return ",".join(f"sim{i:05d}:{RANKS_PER_HOST}" for i in range(hosts))
+
+
+def config_for(hosts: int, job_dir: Path, grace_s: float = 1.0) -> Any:
+    from launcher.config import JobConfig, PlacementConfig
+
+    return JobConfig(
+        command=("train",),
+        placement=PlacementConfig(host_lists=(host_list(hosts),)),
+        job_dir=str(job_dir),
+        grace_s=grace_s,
+    )
+
+
+def time_planning(hosts: int, job_dir: Path) -> dict[str, float]:
+    from simtransport import sim_survey
+
+    from launcher.job import plan_job
+    from launcher.specs import build_job_specs
+
+    config = config_for(hosts, job_dir)
+    environ = {"PATH": "/usr/bin:/bin", "HOME": "/root"}
+    began = time.perf_counter()
+    plan = plan_job(config, environ)
+    planned = time.perf_counter()
+    site = sim_survey(plan, config, environ, "/tmp").site
+    surveyed = time.perf_counter()
+    specs = build_job_specs(plan, site, config, job_id="sim", extra={}, environ=environ, cwd="/tmp")
+    built = time.perf_counter()
+    assert len(specs) == hosts * RANKS_PER_HOST
+    return {"plan_s": planned - began, "specs_s": built - surveyed}
+
+
+def peak_sampler(into: dict[str, int], stop: threading.Event) -> None:
+    while not stop.wait(0.05):
+        into["threads"] = max(into.get("threads", 0), threading.active_count())
+        into["fds"] = max(into.get("fds", 0), len(os.listdir("/proc/self/fd")))
+
+
+def run_job_once(hosts: int, job_dir: Path, fail: bool) -> dict[str, Any]:
+    from simtransport import SimHosts, SimTransport, sim_survey
+
+    from launcher.job import run_job
+
+    sim = SimHosts(run_s=None if fail else 0.2, fail_rank=0 if fail else None)
+    transport = SimTransport(sim)
+    transport.expected = hosts * RANKS_PER_HOST
+    peaks: dict[str, int] = {}
+    stop = threading.Event()
+    sampler = threading.Thread(target=peak_sampler, args=(peaks, stop), daemon=True)
+    sampler.start()
+    cpu0, began = time.process_time(), time.monotonic()
+    outcome = run_job(
+        config_for(hosts, job_dir),
+        {"PATH": "/usr/bin:/bin", "HOME": "/root"},
+        QuietFrontend(),  # type: ignore[arg-type]
+        survey=sim_survey,
+        transports=lambda survey, config, environ: transport,
+    )
+    ended, cpu = time.monotonic(), time.process_time() - cpu0
+    stop.set()
+    sampler.join()
+    result = outcome.result  # type: ignore[union-attr]
+    started = sum(1 for p in transport.processes.values() if p.pid)
+    return {
+        "exit_code": result.exit_code,
+        "ranks": len(transport.processes),
+        "started": started,
+        "ended": transport.ended,
+        "cpu_s": cpu,
+        "wall_s": ended - began,
+        "start_s": (transport.all_running or ended) - began,
+        "start_calls_s": (transport.last_start_call or ended) - (transport.first_start or began),
+        "teardown_ranks_s": (transport.all_ended - transport.first_failure)
+        if fail and transport.all_ended and transport.first_failure
+        else None,
+        "teardown_exit_s": (ended - transport.first_failure)
+        if fail and transport.first_failure
+        else None,
+        "threads": peaks.get("threads", 0),
+        "fds": peaks.get("fds", 0),
+        "logged_lines": sum(p.read_bytes().count(b"\n") for p in job_dir.glob("*/rank.*.log")),
+    }
+
+
+def one(hosts: int, run: bool, fail: bool) -> dict[str, Any]:
+    job_dir = Path(tempfile.mkdtemp(prefix="dtrain-sim-"))
+    try:
+        found: dict[str, Any] = {"hosts": hosts, **time_planning(hosts, job_dir)}
+        if run:
+            found.update(run_job_once(hosts, job_dir, fail))
+        found["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return found
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def measure(sizes: Sequence[int], plan_only: Sequence[int]) -> list[dict[str, Any]]:
+    rows = []
+    for hosts in [*sizes, *plan_only]:
+        for fail in (False, True) if hosts in sizes else (False,):
+            args = ["--one", str(hosts)] + (["--fail"] if fail else [])
+            if hosts not in sizes:
+                args.append("--plan-only")
+            done = subprocess.run(
+                [sys.executable, __file__, *args], capture_output=True, text=True, check=False
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"scale_sim {args}: {done.stderr[-2000:]}")
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            row["fail"] = fail
+            rows.append(row)
+    return rows
+
+
+def run(quick: bool) -> Any:
+    from common import Chart, Section, describe_machine, machine_line, table
+
+    sizes = [10, 100, 300] if quick else [10, 100, 1000]
+    plan_only = [1000] if quick else [5000]
+    machine = describe_machine()
+    rows = measure(sizes, plan_only)
+    runs = [r for r in rows if "cpu_s" in r and not r["fail"]]
+    fails = {r["hosts"]: r for r in rows if r["fail"]}
+    lines = []
+    for r in runs:
+        ranks = r["hosts"] * RANKS_PER_HOST
+        f = fails.get(r["hosts"], {})
+        lines.append(
+            [
+                f"{r['hosts']:,}",
+                f"{ranks:,}",
+                f"{r['plan_s'] * 1000:.0f} + {r['specs_s'] * 1000:.0f}",
+                f"{r['cpu_s']:.2f}",
+                f"{r['cpu_s'] / ranks * 1000:.2f}",
+                f"{r['cpu_s'] / r['hosts'] * 1000:.1f}",
+                f"{r['peak_rss'] / 2**20:.0f}",
+                f"{r['threads']:,}",
+                f"{r['fds']:,}",
+                f"{r['start_s']:.2f}",
+                f"{r['wall_s']:.2f}",
+                f"{f.get('teardown_ranks_s') or 0:.2f} / {f.get('teardown_exit_s') or 0:.2f}",
+                "ok"
+                if r["started"] == r["ended"] == ranks and r["logged_lines"] == ranks * 10
+                else "LOST",
+            ]
+        )
+    plans = [
+        [f"{r['hosts']:,}", f"{r['plan_s'] * 1000:.1f}", f"{r['specs_s'] * 1000:.1f}"]
+        for r in rows
+        if not r["fail"]
+    ]
+    body = [
+        f"`python benchmarks/scale_sim.py{' --quick' if quick else ''}`. Simulated hosts "
+        "(`benchmarks/simtransport.py`): each rank runs 5-10 ms after it is started (latency and "
+        "jitter), prints 10 lines, exits 0 after 0.2 s; the real job layer plans, builds the "
+        "specs, supervises, and writes the job directory (every line, status.json). One fresh "
+        "process per size. CPU: the launcher process (all threads; the simulator's one scheduler "
+        "thread included). Teardown: rank 0 fails after 0.5 s, the others run until signalled; "
+        "from its failure until every rank exited / until `run_job` returned.",
+        "",
+        f"Machine: {machine_line(machine)}.",
+        "",
+        *table(
+            [
+                "hosts",
+                "ranks",
+                "plan + specs ms",
+                "CPU s",
+                "CPU ms / rank",
+                "CPU ms / host",
+                "peak RSS MiB",
+                "threads",
+                "fds",
+                "all running s",
+                "job s",
+                "teardown s",
+                "every rank, every line",
+            ],
+            lines,
+        ),
+        "",
+        "Planning alone (pure: `plan_job` and `build_job_specs`):",
+        "",
+        *table(["hosts", "plan ms", "specs ms"], plans),
+        "",
+    ]
+    biggest = runs[-1]
+    per_rank = biggest["cpu_s"] / (biggest["hosts"] * RANKS_PER_HOST)
+    plan_max = max(rows, key=lambda r: r["hosts"])
+    plan_s = plan_max["plan_s"] + plan_max["specs_s"]
+    summary = [
+        (
+            f"launcher CPU per rank, {biggest['hosts']:,} simulated hosts",
+            f"{per_rank * 1000:.2f} ms",
+            "-",
+            f"<= 5 ms: {'met' if per_rank <= TARGET_CPU_PER_RANK_S else 'missed'}",
+        ),
+        (
+            f"planning, {plan_max['hosts']:,} hosts",
+            f"{plan_s * 1000:.0f} ms",
+            "-",
+            f"<= 1 s: {'met' if plan_s <= TARGET_PLAN_S else 'missed'}",
+        ),
+    ]
+    charts = [
+        Chart(
+            "sim_cpu_per_rank",
+            "Launcher CPU per rank (simulated hosts)",
+            "hosts",
+            "ms per rank",
+            {
+                "dtrain": [
+                    (r["hosts"], r["cpu_s"] / r["hosts"] / RANKS_PER_HOST * 1000) for r in runs
+                ]
+            },
+            logx=True,
+        ),
+        Chart(
+            "sim_start",
+            "Time until every rank runs (simulated hosts)",
+            "hosts",
+            "s",
+            {"dtrain": [(r["hosts"], r["start_s"]) for r in runs]},
+            logx=True,
+        ),
+        Chart(
+            "sim_planning",
+            "Planning time (plan + specs)",
+            "hosts",
+            "ms",
+            {
+                "dtrain": [
+                    (r["hosts"], (r["plan_s"] + r["specs_s"]) * 1000) for r in rows if not r["fail"]
+                ]
+            },
+            logx=True,
+            logy=True,
+        ),
+    ]
+    return Section(TITLE, body, charts, summary)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="10, 100 and 300 hosts")
+    parser.add_argument("--one", type=int, help="(internal) one size, JSON on stdout")
+    parser.add_argument("--fail", action="store_true", help="(internal) rank 0 fails")
+    parser.add_argument("--plan-only", action="store_true", help="(internal) plan only")
+    args = parser.parse_args(argv)
+    if args.one is not None:
+        print(json.dumps(one(args.one, not args.plan_only, args.fail)))
+        return 0
+    section = run(args.quick)
+    print("\n".join([section.title, "", *section.body]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

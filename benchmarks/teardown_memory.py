@@ -1,0 +1,281 @@
+"""Teardown and flat memory, on this machine: dtrain vs mpirun.
+
+Teardown: 8 ranks; rank 0 exits 1 after 1 s, the others sleep.  Their command writes
+a wall-clock stamp to a file just before rank 0 exits; measured from that stamp until
+the launcher exited, and until no process of the job is left (every process carries a
+marker variable, looked for in ``/proc/*/environ``).  Twice: ranks that exit on
+SIGTERM, and ranks that ignore it (then dtrain's ``--grace 2`` bounds it; mpirun
+has no such option: it sends SIGTERM, waits, then SIGKILL).
+
+Memory: 8 ranks each print ``SIZE/8`` of 100-byte lines as fast as they can, into a
+pipe that this script reads at a fixed slow rate (a slow terminal, a ``| less``).
+Measured: the launcher's peak resident memory (``VmHWM``), and every line checked
+(count per rank on the pipe).  mpirun buffers what the reader does not take; dtrain
+slows the ranks down (bounded buffers, back-pressure).
+
+    python benchmarks/teardown_memory.py [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (
+    BIN,
+    Chart,
+    Section,
+    bench_env,
+    describe_machine,
+    machine_line,
+    run_launcher,
+    spread,
+    table,
+)
+
+RANKS = 8
+TEARDOWN_TITLE = "## Teardown: from a failing rank to nothing left, dtrain vs mpirun"
+MEMORY_TITLE = "## Memory behind a slow reader: dtrain vs mpirun"
+MPIRUN = [str(BIN / "mpirun"), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+LINE_BYTES = 100
+
+
+def marked(mark: str) -> list[int]:
+    needle = f"DTRAIN_BENCH_MARK={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def teardown_script(stamp: Path, ignore_term: bool) -> str:
+    rank = "${RANK:-$OMPI_COMM_WORLD_RANK}"
+    trap = "trap '' TERM; " if ignore_term else ""
+    rest = "while :; do sleep 0.05; done" if ignore_term else "exec sleep 60"
+    return f'if [ "{rank}" = 0 ]; then sleep 1; date +%s.%N > {stamp}; exit 1; fi; {trap}{rest}'
+
+
+def teardown_run(argv: list[str], stamp: Path, mark: str) -> dict[str, float]:
+    env = bench_env({"DTRAIN_BENCH_MARK": mark})
+    sample = run_launcher(argv, env, timeout_s=60)
+    exited = time.time()
+    while marked(mark) and time.time() < exited + 30:
+        time.sleep(0.005)
+    gone = time.time()
+    failed = float(stamp.read_text()) if stamp.exists() else float("nan")
+    stamp.unlink(missing_ok=True)
+    return {
+        "exit_s": exited - failed,
+        "gone_s": max(gone, exited) - failed,
+        "code": sample.returncode,
+    }
+
+
+def measure_teardown(reps: int) -> tuple[list[str], list[tuple[str, str, str, str]]]:
+    scratch = Path(tempfile.mkdtemp(prefix="dtrain-bench-teardown-"))
+    rows, summary = [], []
+    try:
+        for ignore in (False, True):
+            stamp = scratch / "failed-at"
+            script = teardown_script(stamp, ignore)
+            dtrain = [
+                str(BIN / "dtrain"),
+                "run",
+                "-np",
+                str(RANKS),
+                "--plain",
+                "--grace",
+                "2",
+                "--job-dir",
+                str(scratch / "jobs"),
+                "sh",
+                "-c",
+                script,
+            ]
+            mpirun = [*MPIRUN, "-np", str(RANKS), "sh", "-c", script]
+            results: dict[str, list[dict[str, float]]] = {"dtrain": [], "mpirun": []}
+            for _ in range(reps):
+                for name, argv in (("dtrain", dtrain), ("mpirun", mpirun)):
+                    results[name].append(teardown_run(argv, stamp, uuid.uuid4().hex))
+            kind = "ignore SIGTERM (dtrain --grace 2)" if ignore else "exit on SIGTERM"
+            for name, found in results.items():
+                exits = [r["exit_s"] for r in found]
+                gones = [r["gone_s"] for r in found]
+                rows.append(
+                    [
+                        kind,
+                        name,
+                        spread(exits),
+                        spread(gones),
+                        str(sorted({int(r["code"]) for r in found})),
+                    ]
+                )
+            if not ignore:
+                mine = sorted(r["gone_s"] for r in results["dtrain"])[len(results["dtrain"]) // 2]
+                theirs = sorted(r["gone_s"] for r in results["mpirun"])[len(results["mpirun"]) // 2]
+                summary.append(
+                    (
+                        "teardown, ranks exit on SIGTERM (local)",
+                        f"{mine * 1000:.0f} ms",
+                        f"mpirun {theirs * 1000:.0f} ms",
+                        "< 1 s: " + ("met" if mine < 1 else "missed"),
+                    )
+                )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    body = [
+        f"`python benchmarks/teardown_memory.py`. {reps} runs of each, alternating. Times in ms "
+        "from rank 0's exit (a stamp it writes just before) until the launcher exited, and until "
+        "no process of the job was left (median (min-max)).",
+        "",
+        *table(
+            ["ranks", "launcher", "until launcher exit", "until nothing left", "exit codes"],
+            rows,
+            2,
+        ),
+        "",
+    ]
+    return body, summary
+
+
+PRODUCER = """\
+import os, sys
+rank = int(os.environ.get("RANK") or os.environ["OMPI_COMM_WORLD_RANK"])
+count = int(sys.argv[1])
+line = (b"rank %03d " % rank) + b"x" * (LINE_BYTES - 10) + b"\\n"
+chunk = line * 1000
+for _ in range(count // 1000):
+    sys.stdout.buffer.write(chunk)
+sys.stdout.flush()
+""".replace("LINE_BYTES", str(LINE_BYTES))
+
+
+def slow_reader(rate_bps: float, counts: dict[str, int]) -> Callable[[int], None]:
+    def read(fd: int) -> None:
+        began, taken, lines = time.monotonic(), 0, 0
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except OSError:
+                break
+            if not chunk:
+                break
+            taken += len(chunk)
+            lines += chunk.count(b"\n")
+            ahead = taken / rate_bps - (time.monotonic() - began)
+            if ahead > 0:
+                time.sleep(ahead)
+        counts["lines"] = lines
+
+    return read
+
+
+def measure_memory(
+    sizes_mb: list[int], rate_mbps: float
+) -> tuple[list[str], list[Chart], list[tuple[str, str, str, str]]]:
+    scratch = Path(tempfile.mkdtemp(prefix="dtrain-bench-memory-"))
+    producer = scratch / "producer.py"
+    producer.write_text(PRODUCER)
+    rows, points = [], {"dtrain --plain": [], "mpirun": []}
+    summary = []
+    try:
+        for size in sizes_mb:
+            per_rank = size * 2**20 // RANKS // LINE_BYTES // 1000 * 1000
+            argvs = {
+                "dtrain --plain": [
+                    str(BIN / "dtrain"),
+                    "run",
+                    "-np",
+                    str(RANKS),
+                    "--plain",
+                    "--job-dir",
+                    str(scratch / "jobs"),
+                    sys.executable,
+                    str(producer),
+                    str(per_rank),
+                ],
+                "mpirun": [
+                    *MPIRUN,
+                    "-np",
+                    str(RANKS),
+                    sys.executable,
+                    str(producer),
+                    str(per_rank),
+                ],
+            }
+            for name, argv in argvs.items():
+                counts: dict[str, int] = {}
+                sample = run_launcher(
+                    argv, bench_env(), reader=slow_reader(rate_mbps * 2**20, counts), timeout_s=600
+                )
+                shutil.rmtree(scratch / "jobs", ignore_errors=True)
+                whole = counts.get("lines", 0) >= per_rank * RANKS
+                rows.append(
+                    [
+                        f"{size} MB",
+                        name,
+                        f"{sample.peak_rss / 2**20:.0f} MiB",
+                        f"{sample.wall_s:.1f} s",
+                        f"{counts.get('lines', 0):,} of {per_rank * RANKS:,}"
+                        + (" ok" if whole else ""),
+                    ]
+                )
+                points[name].append((size, sample.peak_rss / 2**20))
+        biggest = max(sizes_mb)
+        mine = dict(points["dtrain --plain"])[biggest]
+        theirs = dict(points["mpirun"])[biggest]
+        summary.append(
+            (
+                f"peak RSS, {biggest} MB of output behind a {rate_mbps:g} MB/s reader",
+                f"{mine:.0f} MiB",
+                f"mpirun {theirs:.0f} MiB",
+                "< 100 MB: " + ("met" if mine < 100 else "missed"),
+            )
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    body = [
+        f"`python benchmarks/teardown_memory.py`. 8 ranks print {LINE_BYTES}-byte lines as fast "
+        f"as they can; the launcher's stdout is a pipe read at {rate_mbps:g} MB/s. Peak RSS: "
+        "the launcher process itself (VmHWM). Lines: counted on the pipe (the last column says "
+        "whether every line arrived).",
+        "",
+        *table(["output", "launcher", "peak RSS", "wall", "lines on the pipe"], rows, 2),
+        "",
+    ]
+    chart = Chart(
+        "memory", "Launcher peak RSS behind a slow reader", "output, MB", "peak RSS, MiB", points
+    )
+    return body, [chart], summary
+
+
+def run(quick: bool) -> list[Section]:
+    machine = describe_machine()
+    teardown_body, teardown_summary = measure_teardown(3 if quick else 7)
+    sizes = [8, 32] if quick else [16, 64, 256]
+    rate = 8.0 if quick else 16.0
+    memory_body, charts, memory_summary = measure_memory(sizes, rate)
+    line = f"Machine: {machine_line(machine)}."
+    return [
+        Section(TEARDOWN_TITLE, [line, "", *teardown_body], [], teardown_summary),
+        Section(MEMORY_TITLE, [line, "", *memory_body], charts, memory_summary),
+    ]
+
+
+if __name__ == "__main__":
+    for section in run("--quick" in sys.argv):
+        print("\n".join([section.title, "", *section.body]))

@@ -1,0 +1,44 @@
+"""The benchmarks' simulated transport drives the real job layer: every rank starts, prints,
+and stops, also when one fails and the others must be stopped (correctness, not timing)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import scale_sim  # noqa: E402
+
+
+def test_every_simulated_rank_starts_prints_and_exits(tmp_path: Path) -> None:
+    found = scale_sim.run_job_once(6, tmp_path, fail=False)
+    ranks = 6 * scale_sim.RANKS_PER_HOST
+    assert found["exit_code"] == 0
+    assert found["ranks"] == found["started"] == found["ended"] == ranks
+    assert found["logged_lines"] == ranks * 10  # every line of every rank in the job directory
+
+
+def test_a_failing_simulated_rank_stops_every_other(tmp_path: Path) -> None:
+    from simtransport import SimHosts, SimTransport, sim_survey
+
+    from launcher.job import run_job
+
+    transport = SimTransport(SimHosts(run_s=None, fail_rank=3, fail_after_s=0.2))
+    transport.expected = 4 * scale_sim.RANKS_PER_HOST
+    outcome = run_job(
+        scale_sim.config_for(4, tmp_path),
+        {"PATH": "/usr/bin"},
+        scale_sim.QuietFrontend(),  # type: ignore[arg-type]
+        survey=sim_survey,
+        transports=lambda survey, config, environ: transport,
+    )
+    result = outcome.result  # type: ignore[union-attr]
+    assert result.exit_code == 1
+    assert result.failure is not None and result.failure.rank == 3
+    assert transport.ended == transport.expected
+    others = [p for r, p in transport.processes.items() if r != 3]
+    assert all(p.signals[:1] == [signal.SIGTERM] and p.status == -signal.SIGTERM for p in others)
+    assert transport.closed
