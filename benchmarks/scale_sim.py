@@ -48,7 +48,9 @@ TARGET_PLAN_S = 1.0
 class QuietFrontend:
     """The job's terminal, discarding everything (the job directory still gets every line)."""
 
-    def open_view(self, job_id: str, plan: Any, remote: bool = False) -> tuple[Any, Any]:
+    def open_view(
+        self, job_id: str, plan: Any, remote: bool = False, attempt: int = 0
+    ) -> tuple[Any, Any]:
         from launcher.console import QuietView
 
         return QuietView(), nullcontext()

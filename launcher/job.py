@@ -71,6 +71,7 @@ from launcher.policy import (
     RestartAfter,
     decide_restart,
     describe_status,
+    discovery_change,
     hosts_left_out,
 )
 from launcher.specs import ServerProgram, Site, build_job_specs
@@ -208,21 +209,26 @@ def later_attempts(attempt: Attempt, outcome: Finished, signalled: threading.Eve
     config, ports = attempt.config, set[int]()
     failed: dict[str, float] = {}  # host -> when it failed
     began = time.monotonic() - outcome.result.elapsed_s  # when the first attempt started
+    charged = 0  # restarts after failures (host changes are not counted)
     while True:
         result = outcome.result
         ports.update([outcome.master_port] if outcome.master_port else [])
         failed.update({host: time.monotonic() for host in outcome.failed_hosts})
         limit = config.time_limit_s
         end = attempt_end(result, limit is not None and time.monotonic() - began >= limit)
-        after = decide_restart(end, attempt.number, config.max_restarts, config.restart_delay_s)
+        after = decide_restart(end, charged, config.max_restarts, config.restart_delay_s)
         if after is None:
             return outcome
         if signalled.is_set():  # (during the attempt's own end: the view, the record)
             attempt.record_end(outcome)
             return outcome
         cooldown = config.placement.blacklist_cooldown_s
-        attempt.frontend.notice(restart_notice(result, after, config.max_restarts))
-        delay = after.delay_s
+        attempt.frontend.notice(
+            f"dtrain: {result.rescale}: starting again on its hosts (not counted as a restart)"
+            if result.rescale
+            else restart_notice(result, after, config.max_restarts, attempt.number)
+        )
+        charged, delay = after.attempt, after.delay_s
         if outcome.failed_hosts:
             back = f"; back after {cooldown:g} s" if cooldown is not None else ""
             hosts = ", ".join(sorted(outcome.failed_hosts))
@@ -236,7 +242,8 @@ def later_attempts(attempt: Attempt, outcome: Finished, signalled: threading.Eve
             return outcome
         attempt = replace(
             attempt,
-            number=after.attempt,
+            number=attempt.number + 1,
+            charged=charged,
             avoid_ports=frozenset(ports),
             excluded=hosts_left_out(failed, time.monotonic(), cooldown),
             world_size=None if config.placement.elastic else result.world_size,
@@ -344,6 +351,7 @@ def kill_mpi_leftovers(job_id: str, plan: Plan, surveyed: Survey) -> dict[str, l
 
 
 LEFTOVERS_TIMEOUT_S = 15.0
+DISCOVERY_POLL_S = 3.0  # how often --host-discovery-script runs while an attempt runs
 STACKS_TIMEOUT_S = 25.0
 STATS_TIMEOUT_S = 5.0
 
@@ -388,6 +396,7 @@ def attempt_end(result: JobResult, out_of_time: bool = False) -> AttemptEnd:
         interrupted=result.interrupt is not None,
         failed_rank=result.failure.rank if result.failure else None,
         out_of_time=out_of_time,
+        hosts_changed=result.rescale is not None and result.failure is None,
     )
 
 
@@ -429,7 +438,7 @@ def interpreter_note(command: Sequence[str], environ: Mapping[str, str]) -> str 
     )
 
 
-def restart_notice(result: JobResult, after: RestartAfter, max_restarts: int) -> str:
+def restart_notice(result: JobResult, after: RestartAfter, max_restarts: int, attempt: int) -> str:
     failure = result.failure
     what = (
         f"rank {failure.rank} on {failure.host} {failure.cause or describe_status(failure.status)}"
@@ -437,7 +446,7 @@ def restart_notice(result: JobResult, after: RestartAfter, max_restarts: int) ->
         else f"exit code {result.exit_code}"
     )
     return (
-        f"dtrain: attempt {after.attempt - 1} failed ({what}); restart {after.attempt} of "
+        f"dtrain: attempt {attempt} failed ({what}); restart {after.attempt} of "
         f"{max_restarts} in {after.delay_s:g} s"
     )
 
@@ -463,6 +472,7 @@ class Attempt:
     world_size: int | None = None  # a restart's size when it may not change (not elastic)
     cancelled: threading.Event | None = None  # set: a signal came while a restart was surveyed
     spent_s: float = 0.0  # the attempts before took this long (--timeout is for the whole job)
+    charged: int = 0  # restarts after failures so far (what --max-restarts counts)
 
     def run(self) -> JobOutcome:
         config = self.config
@@ -589,6 +599,7 @@ class Attempt:
         showing.__enter__()
         result: JobResult | None = None
         control = open_control(job, supervisor)
+        watching = self.watch_discovery(supervisor, plan)
         try:
             result = supervisor.run()
             if mpi_launcher is not None:
@@ -600,15 +611,10 @@ class Attempt:
             output.give_up_views()
             raise
         finally:
+            watching.set()
             if control is not None:
                 control.close()
-            # The record first: a terminal that does not read must not leave it "running".
-            if result is not None:
-                stopped = (job.path / STOP_MARK).exists()
-                recorder.finish(result, stopped, restarting=self.restarts_after(result))
-                if config.max_restarts:
-                    record_attempt(job, self.number, attempt_record(result))
-            self.finish_view(output, showing, interrupted=supervisor.stop_requested)
+            self.end_attempt(job, recorder, result, output, showing, supervisor)
         if view_outlet.failed:
             self.frontend.notice(
                 f"dtrain: warning: the terminal view failed ({view_outlet.error!r}); the job "
@@ -659,21 +665,76 @@ class Attempt:
             job = JobDir(jobs_root(self.config.job_dir, self.environ) / self.job_id)
             end_record(job, outcome.result.exit_code)
 
+    def end_attempt(
+        self,
+        job: JobDir,
+        recorder: JobRecorder,
+        result: JobResult | None,
+        output: Fanout,
+        showing: AbstractContextManager[Any],
+        supervisor: Supervisor,
+    ) -> None:
+        """The record first (a terminal that does not read must not leave it "running"),
+        then the view; a signal in between is caught and cuts the view's wait short."""
+        late = threading.Event()
+        with caught_signals(lambda signum: late.set(), enabled=True):
+            if result is not None:
+                stopped = (job.path / STOP_MARK).exists()
+                recorder.finish(result, stopped, restarting=self.restarts_after(result))
+                if self.config.max_restarts:
+                    record_attempt(job, self.number, attempt_record(result))
+            self.finish_view(output, showing, supervisor.stop_requested, late)
+
+    def watch_discovery(self, supervisor: Supervisor, plan: Plan) -> threading.Event:
+        """With --host-discovery-script: run it every few seconds while the attempt runs;
+        when a host of the job leaves its list, or an elastic job could grow, stop the attempt
+        (the job starts again on the hosts given, not counted as a restart).  Set the event
+        returned to stop watching."""
+        done = threading.Event()
+        placement = self.config.placement
+        script = placement.host_discovery_script
+        if script is None or self.config.dry_run:
+            return done
+        running: dict[str, int] = {}
+        for rank in plan.ranks:
+            running[rank.host.name] = running.get(rank.host.name, 0) + 1
+        grow_to = placement.max_np or placement.np or sum(h.slots for h in plan.hosts) * 1000
+
+        def watch() -> None:
+            while not done.wait(DISCOVERY_POLL_S):
+                try:
+                    found = {h.name: h.slots for h in discover_hosts(script)}
+                except LauncherError as exc:
+                    LOG.warning("%s (the hosts stay as they are)", exc.message)
+                    continue
+                change = discovery_change(running, found, self.excluded, plan.world_size, grow_to)
+                if change is not None:
+                    supervisor.rescale(change)
+                    return
+
+        threading.Thread(target=watch, name="dtrain-discovery", daemon=True).start()
+        return done
+
     def restarts_after(self, result: JobResult) -> bool:
         """Will the job start again after this result (--max-restarts)?"""
         config = self.config
         return (
-            decide_restart(attempt_end(result), self.number, config.max_restarts, 0.0) is not None
+            decide_restart(attempt_end(result), self.charged, config.max_restarts, 0.0) is not None
         )
 
     def finish_view(
-        self, output: Fanout, showing: AbstractContextManager[Any], interrupted: bool
+        self,
+        output: Fanout,
+        showing: AbstractContextManager[Any],
+        interrupted: bool,
+        stop: threading.Event | None = None,
     ) -> None:
         """Let the terminal show what is left: as long as it takes, unless dtrain is signalled
-        (before or now), when a view that does not keep up is left behind."""
-        stop = threading.Event()
+        (before, ``stop`` already set, or now), when a view that does not keep up is left
+        behind."""
+        stop = stop or threading.Event()
         with caught_signals(lambda signum: stop.set(), enabled=True):
-            done = output.finish_views(interrupted, stop)
+            done = output.finish_views(interrupted or stop.is_set(), stop)
         if done:  # a view still stuck on a paused terminal would hang here: left behind
             try:
                 showing.__exit__(None, None, None)

@@ -62,6 +62,7 @@ class JobResult:
     kill_cause: str | None = None  # "after the 5 s grace", "at the second signal"
     failed_hosts: frozenset[str] = frozenset()  # lost, or every rank of it killed unasked
     timeout: str | None = None  # a time limit stopped the job: why (exit code 124)
+    rescale: str | None = None  # the discovery script's hosts changed: why (restarts at once)
 
 
 class OutputSink(Protocol):

@@ -25,7 +25,7 @@ Parameter-server jobs (``roles`` set) follow the task roles instead:
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 
@@ -55,7 +55,18 @@ class TimedOut:
 
 TIMEOUT_EXIT = 124  # as timeout(1)
 
-Event = RankExited | Interrupted | GraceExpired | TimedOut
+
+@dataclass(frozen=True)
+class HostsChanged:
+    """--host-discovery-script gave other hosts while the job ran (one left, or more slots
+    for an elastic job): stop this attempt; the job starts again on the hosts given."""
+
+    reason: str
+
+
+RESCALE_EXIT = 1  # an attempt stopped for a host change (the job goes on in the next one)
+
+Event = RankExited | Interrupted | GraceExpired | TimedOut | HostsChanged
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,7 @@ class JobState:
     restarts_left: Mapping[int, int] = field(default_factory=dict)
     chief_status: int | None = None
     timeout: str | None = None  # why a time limit stopped the job
+    rescale: str | None = None  # why the discovery script's hosts stopped this attempt
 
     @property
     def exit_code(self) -> int:
@@ -115,6 +127,8 @@ class JobState:
             return exit_code_of(self.chief_status)
         if self.timeout is not None:
             return TIMEOUT_EXIT
+        if self.rescale is not None and self.interrupt is None:
+            return RESCALE_EXIT
         if self.interrupt is not None:
             return 128 + self.interrupt
         return 0
@@ -146,10 +160,13 @@ def start_state(
 
 
 def decide(state: JobState, event: Event) -> tuple[JobState, Action]:
-    if isinstance(event, TimedOut):
+    if isinstance(event, TimedOut | HostsChanged):
         if state.stopping:
             return state, Continue()
-        state = replace(state, timeout=event.reason, stopping=True)
+        if isinstance(event, TimedOut):
+            state = replace(state, timeout=event.reason, stopping=True)
+        else:
+            state = replace(state, rescale=event.reason, stopping=True)
         return state, (StopAll() if state.running else Finish(state.exit_code))
     if isinstance(event, RankExited) and state.roles and not state.stopping:
         return decide_by_role(state, event)
@@ -252,6 +269,7 @@ class AttemptEnd:
     interrupted: bool  # dtrain was signalled (Ctrl-C, SIGTERM, dtrain stop): never restart
     failed_rank: int | None = None
     out_of_time: bool = False  # the job's --timeout (for all attempts) has run out
+    hosts_changed: bool = False  # stopped for the discovery script's hosts: not a failure
 
 
 @dataclass(frozen=True)
@@ -266,6 +284,37 @@ FIRST_DELAY_S = 1.0  # the default backoff: 1 s, 2 s, 4 s ... up to MAX_DELAY_S
 MAX_DELAY_S = 30.0
 
 
+def discovery_change(
+    running: Mapping[str, int],
+    discovered: Mapping[str, int],
+    excluded: Collection[str],
+    world_size: int,
+    grow_to: int | None,
+) -> str | None:
+    """What the discovery script's latest hosts (host -> slots) change for a running attempt
+    (``running``: host -> its ranks): a host that left the list (its ranks must go), or, for
+    an elastic job (``grow_to``: its largest size), more ranks that would fit now.  None:
+    nothing to do."""
+    gone = [host for host in running if host not in discovered]
+    if gone:
+        return f"{', '.join(gone)} left the --host-discovery-script's hosts"
+    fewer = [host for host, ranks in running.items() if discovered[host] < ranks]
+    if fewer:
+        return "the --host-discovery-script gives fewer slots on " + ", ".join(
+            f"{host} ({discovered[host]} for {running[host]} ranks)" for host in fewer
+        )
+    if grow_to is not None:
+        slots = sum(n for host, n in discovered.items() if host not in excluded)
+        if world_size < min(grow_to, slots):
+            new = [h for h in discovered if h not in running and h not in excluded]
+            added = f" ({', '.join(new)})" if new else ""
+            return (
+                f"the --host-discovery-script gives more slots{added}: "
+                f"{min(grow_to, slots)} ranks fit, {world_size} run"
+            )
+    return None
+
+
 def decide_restart(
     end: AttemptEnd, attempt: int, max_restarts: int, delay_s: float | None = None
 ) -> RestartAfter | None:
@@ -274,7 +323,11 @@ def decide_restart(
     restarts while fewer than ``max_restarts`` restarts were made, after ``delay_s`` (given)
     or a backoff doubling from 1 s up to 30 s.  No restart once the job's --timeout ran out
     (a hang or a late start, which fail an attempt, do restart)."""
-    if end.interrupted or end.out_of_time or end.exit_code == 0 or attempt >= max_restarts:
+    if end.interrupted or end.out_of_time:
+        return None
+    if end.hosts_changed:  # not a failure: again at once, and not counted as a restart
+        return RestartAfter(attempt, 0.0)
+    if end.exit_code == 0 or attempt >= max_restarts:
         return None
     delay = delay_s if delay_s is not None else min(FIRST_DELAY_S * 2**attempt, MAX_DELAY_S)
     return RestartAfter(attempt + 1, delay)

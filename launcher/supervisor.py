@@ -32,6 +32,7 @@ from launcher.policy import (
     Event,
     Finish,
     GraceExpired,
+    HostsChanged,
     Interrupted,
     JobState,
     KillAll,
@@ -170,6 +171,7 @@ class Supervisor:
             sigkilled=len(self.sigkilled),
             kill_cause=self.kill_cause,
             timeout=state.timeout,
+            rescale=state.rescale,
             failed_hosts=failed_hosts(
                 [
                     RankEnd(
@@ -186,6 +188,10 @@ class Supervisor:
     def on_signal(self, signum: int) -> None:
         self.stop_requested = True
         self.events.put(Signalled(signum))
+
+    def rescale(self, reason: str) -> None:
+        """From any thread: the discovery script's hosts changed; stop this attempt."""
+        self.events.put(HostsChanged(reason))  # type: ignore[arg-type]
 
     def loop(self, state: JobState) -> JobState:
         deadline: float | None = None  # grace or kill deadline, when stopping
@@ -285,6 +291,8 @@ class Supervisor:
         if isinstance(message, Signalled):
             LOG.debug("got %s", signal.Signals(message.signum).name)
             return Interrupted(message.signum)
+        if isinstance(message, HostsChanged):
+            return message
         run = message.run
         if isinstance(message, StreamEnd):
             run.open_streams -= 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -26,6 +27,7 @@ from launcher.policy import (
     decide,
     decide_restart,
     describe_status,
+    discovery_change,
     exit_code_of,
     failed_hosts,
     hosts_left_out,
@@ -228,3 +230,46 @@ def test_a_signal_while_stopping_for_a_failure_is_remembered() -> None:
     state, action = decide(state, Interrupted(signal.SIGINT))
     assert action == KillAll() and state.interrupt == signal.SIGINT
     assert state.exit_code == 3  # the failure's code still
+
+
+SCRIPT = "the --host-discovery-script"
+
+
+@pytest.mark.parametrize(
+    ("discovered", "excluded", "grow_to", "expected"),
+    [
+        ({"a": 2, "b": 2}, (), 4, None),  # as it runs
+        ({"a": 2}, (), 4, "b left the --host-discovery-script's hosts"),
+        (
+            {"a": 2, "b": 1},
+            (),
+            4,
+            "the --host-discovery-script gives fewer slots on b (1 for 2 ranks)",
+        ),
+        (
+            {"a": 2, "b": 2, "c": 2},
+            (),
+            6,
+            "the --host-discovery-script gives more slots (c): 6 ranks fit, 4 run",
+        ),
+        (
+            {"a": 2, "b": 2, "c": 2},
+            (),
+            5,
+            "the --host-discovery-script gives more slots (c): 5 ranks fit, 4 run",
+        ),
+        ({"a": 2, "b": 2, "c": 2}, (), 4, None),  # already at --max-np
+        ({"a": 2, "b": 2, "c": 2}, ("c",), 6, None),  # c failed: not back before its cooldown
+        ({"a": 4, "b": 2}, (), None, None),  # not elastic: never grows
+    ],
+)
+def test_what_the_discovery_script_changes(
+    discovered: dict[str, int], excluded: tuple[str, ...], grow_to: int | None, expected: str | None
+) -> None:
+    assert discovery_change({"a": 2, "b": 2}, discovered, excluded, 4, grow_to) == expected
+
+
+def test_a_host_change_restarts_at_once_and_is_not_counted() -> None:
+    end = AttemptEnd(1, False, None, hosts_changed=True)
+    assert decide_restart(end, 3, 3) == RestartAfter(3, 0.0)  # even with the budget spent
+    assert decide_restart(replace(end, interrupted=True), 0, 3) is None

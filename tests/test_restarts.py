@@ -351,3 +351,36 @@ def test_logs_of_a_detached_job_tell_its_attempts(mark: str) -> None:
     assert len(first) == len(second) == 2
     assert max(first) < failed < restart < min(second)  # told in the order it happened
     assert wait_until_gone(mark) == []
+
+
+def test_more_slots_from_the_discovery_script_grow_a_running_job(tmp_path: Path, mark: str) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    program = (
+        "import os, time\n"
+        "attempt = os.environ['DTRAIN_RESTART_COUNT']\n"
+        "print('attempt', attempt, 'rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'],"
+        " flush=True)\n"
+        "time.sleep(60 if attempt == '0' else 0.5)\n"
+    )
+    proc = start_dtrain(
+        "run", "--host-discovery-script", str(script), "--max-restarts", "1", "--min-np", "1",
+        "--max-np", "3", "--restart-delay", "0", "--grace", "1",
+        "-x", f"DTRAIN_TEST_MARK={mark}", sys.executable, "-c", program,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    first = sorted(proc.stdout.readline().split("] ", 1)[1].strip() for _ in range(2))
+    assert first == ["attempt 0 rank 0 of 2", "attempt 0 rank 1 of 2"]
+    hosts.write_text("localhost:3\n")  # a third slot while the job runs
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert (
+        "dtrain: the --host-discovery-script gives more slots: 3 ranks fit, 2 run: "
+        "starting again on its hosts (not counted as a restart)"
+    ) in err
+    second = sorted(line.split("] ", 1)[1] for line in out.splitlines() if "attempt 1" in line)
+    assert second == [f"attempt 1 rank {r} of 3" for r in range(3)]
+    assert wait_until_gone(mark) == []

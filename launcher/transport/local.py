@@ -319,6 +319,8 @@ class LocalTransport:
         """The watchdog's agent and pid.  A new agent if there is none, or if the last one is
         gone (its watchdogs go on, and their ends are still seen); no second try once a
         request was sent (a watchdog may have started: a rank runs once)."""
+        if self.agent is not None and self.agent.popen.poll() is not None:
+            self.agent.lost = True  # it died (its socket's end may not be read yet)
         if self.agent is not None and self.agent.lost:
             self.agent.close()  # reaped
             self.agent = None
