@@ -550,7 +550,8 @@ class Attempt:
                         f"dtrain: mpirun left {len(pids)} process(es) of the job on {host} "
                         f"(pids {', '.join(map(str, pids[:8]))}): killed them"
                     )
-            return Finished(result)
+            port = int(specs[0].env["MASTER_PORT"]) if "MASTER_PORT" in specs[0].env else None
+            return Finished(result, port, result.failed_hosts & surveyed.site.remote_hosts)
 
     def supervise(
         self,
