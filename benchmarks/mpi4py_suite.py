@@ -1,6 +1,11 @@
 """mpi4py's own test suite under mpirun and under dtrain run --mpi, side by side.
 
-    python benchmarks/mpi4py_suite.py [--np 4] [--tests test_spawn ...]
+    python benchmarks/mpi4py_suite.py [--np 4] [--tests test_spawn ...] [--ssh] [--write F]
+
+With ``--ssh``, both run over two SSH test hosts (tests/testhosts.py: sshd in network
+namespaces; root only), 2 ranks on each: mpirun with the same network and ssh options
+that dtrain gives it (taken from ``dtrain run --mpi --dry-run``), dtrain with
+``--ssh-config``.  ``--write`` puts the result into docs/benchmarks.md's section.
 
 Fetches the sdist of the installed mpi4py from PyPI (its test/ folder), then runs
 ``python test/main.py`` under ``mpirun -np N --oversubscribe`` and under
@@ -14,6 +19,7 @@ import argparse
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -44,11 +50,43 @@ def timed(argv: list[str], cwd: Path) -> tuple[float, bool]:
     return time.monotonic() - start, done.returncode == 0
 
 
+def ssh_commands(np: int, program: list[str], ssh_config: Path, cwd: Path) -> tuple[list, list]:  # type: ignore[type-arg]
+    """mpirun and dtrain over node1 and node2: mpirun with dtrain's own options for them."""
+    hosts = f"node1:{np // 2},node2:{np - np // 2}"
+    dtrain = [str(BIN / "dtrain"), "run", "--mpi", "--ssh-config", str(ssh_config)]
+    dtrain += ["-np", str(np), "-H", hosts, *program]
+    plan = subprocess.run(
+        [*dtrain[:2], "--mpi", "--dry-run", *dtrain[3:]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    argv = shlex.split(next(line for line in plan if "mpirun" in line.split(" ", 1)[0]))
+    mpirun: list[str] = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "sh":  # dtrain's per-rank shim: mpirun runs the program itself
+            break
+        if word == "--hostfile":
+            mpirun += ["-H", hosts]
+            index += 2
+        elif word == "-x" and argv[index + 1] != "PATH":
+            index += 2
+        else:
+            mpirun.append(word)
+            index += 1
+    return [*mpirun, *program], dtrain
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tests", nargs="*", default=[])
+    parser.add_argument("--ssh", action="store_true", help="over two SSH test hosts")
+    parser.add_argument("--write", type=Path, help="put the result into this markdown file")
     args = parser.parse_args()
     import mpi4py
 
@@ -58,14 +96,64 @@ def main() -> None:
     if os.geteuid() == 0:
         mpirun.insert(1, "--allow-run-as-root")
     dtrain = [str(BIN / "dtrain"), "run", "--mpi", "-np", str(args.np), *program]
+    hosts = None
+    if args.ssh:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.testhosts import TestHosts
+
+        hosts = TestHosts(count=2).start()
+        mpirun, dtrain = ssh_commands(args.np, program, hosts.ssh_config, source)
     results: dict[str, list[tuple[float, bool]]] = {"mpirun": [], "dtrain": []}
-    for _ in range(args.rounds):
-        results["mpirun"].append(timed(mpirun, source))
-        results["dtrain"].append(timed(dtrain, source))
+    load = os.getloadavg()[0]
+    try:
+        for _ in range(args.rounds):
+            results["mpirun"].append(timed(mpirun, source))
+            results["dtrain"].append(timed(dtrain, source))
+    finally:
+        if hosts is not None:
+            hosts.stop()
+    report(args, results, mpirun, dtrain, load, mpi4py.__version__)
+
+
+def report(args, results, mpirun, dtrain, load, version) -> None:  # type: ignore[no-untyped-def]
     for name, runs in results.items():
         print(f"{name}: {[round(t, 1) for t, _ in runs]} s, passed: {all(ok for _, ok in runs)}")
     best = {name: min(t for t, _ in runs) for name, runs in results.items()}
-    print(f"dtrain / mpirun: {best['dtrain'] / best['mpirun']:.2f}")
+    ratio = best["dtrain"] / best["mpirun"]
+    print(f"dtrain / mpirun: {ratio:.2f}")
+    if not args.write:
+        return
+    where = "two SSH test hosts (sshd in network namespaces)" if args.ssh else "this machine"
+    row = (
+        f"| {where} | {args.np} | {' '.join(args.tests) or 'all'} | "
+        f"{', '.join(f'{t:.1f}' for t, _ in results['mpirun'])} | "
+        f"{', '.join(f'{t:.1f}' for t, _ in results['dtrain'])} | {ratio:.2f} | "
+        f"{'yes' if all(ok for runs in results.values() for _, ok in runs) else 'NO'} | "
+        f"{time.strftime('%Y-%m-%d')}, load {load:.1f} |"
+    )
+    text = args.write.read_text() if args.write.exists() else "# Benchmarks\n"
+    if SECTION not in text:
+        text = text.rstrip("\n") + "\n\n" + SECTION_HEAD.format(version=version) + "\n"
+    head, _, rest = text.partition(SECTION)
+    body, sep, tail = rest.partition("\n## ")
+    body = body.rstrip("\n") + "\n" + row + "\n"
+    args.write.write_text(head + SECTION + body + (("\n## " + tail) if sep else ""))
+
+
+SECTION = "## mpi4py's test suite: dtrain run --mpi vs mpirun"
+SECTION_HEAD = (
+    SECTION
+    + """
+
+`python benchmarks/mpi4py_suite.py [--ssh] --write docs/benchmarks.md`: mpi4py {version}'s
+own `test/main.py` (from its sdist), `-np 4`, under `mpirun` and under `dtrain run --mpi`
+(rank shim, tagged output split back per rank), one after the other; every run must pass.
+On this machine `mpirun -np 4 --oversubscribe`; over SSH, mpirun with the network and ssh
+options dtrain gives it. Target: dtrain within 1.2x of mpirun.
+
+| where | ranks | tests | mpirun s | dtrain s | dtrain / mpirun (best) | all passed | when |
+| --- | ---: | --- | --- | --- | ---: | --- | --- |"""
+)
 
 
 if __name__ == "__main__":

@@ -384,3 +384,54 @@ def test_more_slots_from_the_discovery_script_grow_a_running_job(tmp_path: Path,
     second = sorted(line.split("] ", 1)[1] for line in out.splitlines() if "attempt 1" in line)
     assert second == [f"attempt 1 rank {r} of 3" for r in range(3)]
     assert wait_until_gone(mark) == []
+
+
+def test_a_failed_chief_restarts_the_parameter_server_job(tmp_path: Path, mark: str) -> None:
+    (tmp_path / "task.py").write_text(
+        "import os, sys, time\n"
+        "role, attempt = os.environ['DTRAIN_ROLE'], os.environ['DTRAIN_RESTART_COUNT']\n"
+        "print(role, 'attempt', attempt, flush=True)\n"
+        "if role == 'chief':\n"
+        "    time.sleep(1); sys.exit(7 if attempt == '0' else 0)\n"
+        "time.sleep(60)\n"
+    )
+    result = run_dtrain(
+        "ps", "--workers", "2", "--ps", "1", "--max-restarts", "1", "--restart-delay", "0",
+        "--grace", "1", "-x", f"DTRAIN_TEST_MARK={mark}", "task.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "attempt 0 failed (rank 0 on localhost exit code 7); restart 1 of 1" in result.stderr
+    for role in ("[chief] chief", "[worker0] worker", "[worker1] worker", "[ps0] ps"):
+        assert f"{role} attempt 1" in result.stdout, result.stdout
+    assert wait_until_gone(mark) == []
+
+
+@pytest.mark.sshhosts
+@pytest.mark.slow
+def test_a_partitioned_host_is_left_out(ssh_hosts: TestHosts, mark: str) -> None:
+    from tests.test_failures import set_link
+
+    proc = start_dtrain(
+        "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2,node3", "-np", "3",
+        "--min-np", "2", "--max-restarts", "1", "--restart-delay", "0", "--host-timeout", "5",
+        "--grace", "1", *rank_args(mark, attempts=0),
+        env={**child_env(), "RUN_S": "20"},
+    )  # fmt: skip
+    try:
+        wait_for_pids(mark, 3)
+        set_link("node2", up=False)  # node2's cable is pulled: no FIN, no RST, just silence
+        assert proc.stderr is not None
+        err = ""
+        while "leaving out node2" not in err:
+            line = proc.stderr.readline()
+            assert line, err
+            err += line
+    finally:
+        set_link("node2", up=True)
+    out, rest = proc.communicate(timeout=120)
+    err += rest
+    assert proc.returncode == 0, err
+    assert "no word from the agent on node2" in err or "connection to node2" in err, err
+    second = sorted((r, size, host) for a, r, size, host, _ in attempts_seen(out) if a == 1)
+    assert second == [("0", "2", "node1"), ("1", "2", "node3")]
+    assert wait_until_gone(mark, timeout=30) == []  # node2's agent ended its rank by itself
