@@ -236,6 +236,29 @@ def plan_trials(space: SearchSpace, command: Sequence[str]) -> list[Trial]:
     ]
 
 
+def unused_params(space: SearchSpace, command: Sequence[str]) -> list[str]:
+    """Parameters no ``{name}`` of the command uses: the trials see them only as variables
+    (a program may read them so, or the placeholder was forgotten: every trial alike)."""
+    used = set(placeholders(command))
+    return [name for name in space.names if name not in used]
+
+
+def check_choices(
+    objective: str | None, direction_given: bool, follow: int | None, trials: int
+) -> None:
+    """--maximize/--minimize only with --objective; --follow names one of the trials."""
+    if direction_given and objective is None:
+        raise UsageError(
+            "--maximize/--minimize order the results by --objective, which is not given",
+            "add --objective NAME (a metric the trials print), or drop it",
+        )
+    if follow is not None and follow >= trials:
+        raise UsageError(
+            f"--follow {follow}: the sweep's trials are 0 to {trials - 1}",
+            "give a trial number from --dry-run's list",
+        )
+
+
 def variable_name(name: str) -> str:
     return "DTRAIN_PARAM_" + name.upper()
 

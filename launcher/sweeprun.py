@@ -255,6 +255,8 @@ def choose_seed() -> int:
 def find_sweep(root: Path, wanted: str) -> Path:
     """The directory of the sweep named (or uniquely prefixed) by ``wanted``."""
     base = root / SWEEPS
+    if not wanted.strip():
+        raise UsageError(f"--resume {wanted!r}: no sweep id", "give the id dtrain sweep printed")
     found = sorted(p for p in base.glob("*") if (p / RECORD).is_file()) if base.is_dir() else []
     matches = [p for p in found if p.name == wanted] or [
         p for p in found if p.name.startswith(wanted)
@@ -692,8 +694,8 @@ class SweepRunner:
                 grace = self.sweep.base.grace_s
                 self.kill_at = time.monotonic() + grace + STOP_EXTRA_S
                 self.frontend.notice(
-                    f"dtrain: stopping {len(self.running)} running trial(s); "
-                    f"{len(self.queue)} not started"
+                    f"dtrain: stopping {len(self.running)} running trial(s) (grace {grace:g} s); "
+                    f"{len(self.queue)} not started; Ctrl-C again to kill now"
                 )
             self.forwarded += 1
             for run in self.running.values():

@@ -118,6 +118,20 @@ def test_retries_run_a_failed_trial_again(tmp_path: Path, mark: str) -> None:
     assert json.loads((JOBS / second / "status.json").read_text())["exit_code"] == 0
 
 
+def test_json_with_follow_keeps_stdout_for_the_json(mark: str) -> None:
+    """dtrain sweep --json --follow 0 > results.json: the followed lines go to stderr."""
+    result = run_dtrain(
+        "sweep", "--json", "--plain", "--follow", "0", "--objective", "acc", "--grid", "x=1,2",
+        "-H", "localhost:2", "-x", f"DTRAIN_TEST_MARK={mark}",
+        "sh", "-c", "echo hello {x}; echo metric: v={x}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    table = json.loads(result.stdout)  # the whole of stdout
+    assert [t["metrics"] for t in table["trials"]] == [{"v": 1.0}, {"v": 2.0}]
+    assert "[t0:0] hello 1\n" in result.stderr and "[t1:0]" not in result.stderr
+    assert "dtrain: note: no trial reported --objective acc (metrics: v)" in result.stderr
+
+
 def test_max_parallel_caps_the_trials_at_once(mark: str) -> None:
     code = (
         "import time; s = time.time(); time.sleep(1); print('metric: s=%f e=%f' % (s, time.time()))"
@@ -196,7 +210,10 @@ def test_a_signal_to_the_sweep_stops_every_trial(mark: str, signum: int) -> None
     if signum == signal.SIGKILL:  # nobody to tell: the trials' launchers tore down alone
         return
     assert proc.returncode == 130, err
-    assert "dtrain: stopping 2 running trial(s); 1 not started" in err
+    assert (
+        "dtrain: stopping 2 running trial(s) (grace 5 s); 1 not started; Ctrl-C again to kill now"
+        in err
+    )
     states = [t["state"] for t in sweep_record(sweep_id)["trials"]]
     assert states == ["stopped", "stopped", "pending"]
     assert sweep_record(sweep_id)["state"] == "interrupted"
@@ -258,6 +275,9 @@ def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: s
         (["--retry-failed", "--grid", "a=1", "t.py"], "--retry-failed is for --resume"),
         (["--grid", "a=1", "-H", "bad host", "t.py"], "-H"),
         (["--job-dir", "/proc/nope", "--grid", "a=1", "t.py"], "--job-dir /proc/nope: cannot"),
+        (["--follow", "2", "--grid", "a=1,2", "t.py"], "--follow 2: the sweep's trials are 0 to 1"),
+        (["--maximize", "--grid", "a=1", "t.py"], "--maximize/--minimize order the results by"),
+        (["--resume", ""], "--resume '': no sweep id"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -266,6 +286,15 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("dtrain: error: ") and message in lines[0], lines
+
+
+def test_a_parameter_not_in_the_command_is_a_note() -> None:
+    """A program may read $DTRAIN_PARAM_<NAME>; a forgotten placeholder is said, not refused."""
+    result = run_dtrain("sweep", "--dry-run", "--grid", "a=1,2 b=3", "t.py", "{a}")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (
+        "dtrain: note: COMMAND has no {b}: the trials see b only as $DTRAIN_PARAM_B\n"
+    )
 
 
 def test_dry_run_lists_the_trials() -> None:
