@@ -244,7 +244,7 @@ def sweep_command(**options: Any) -> int:
         f"{sweep.id}"
     )
     if options["resume"] is None:
-        for note in unused_notes(sweep.space, sweep.base.command):
+        for note in sweep_notes(sweep.space, sweep.base.command, options["seed"] is not None):
             view.notice(note)
     code = SweepRunner(sweep, environ, view, options["follow"]).run(indices)
     settings = sweep.settings
@@ -304,7 +304,7 @@ def new_sweep(options: dict[str, Any], root: Any, environ: dict[str, str]) -> An
     direction = options["maximize"] is not None
     check_choices(settings.objective, direction, options["follow"], len(trials))
     if options["dry_run"]:
-        for note in unused_notes(space, options["command"]):
+        for note in sweep_notes(space, options["command"], options["seed"] is not None):
             click.echo(note, err=True)
         for line in format_trials(trials, options["as_json"]):
             click.echo(line)
@@ -312,14 +312,18 @@ def new_sweep(options: dict[str, Any], root: Any, environ: dict[str, str]) -> An
     return create_sweep(base, space, settings, root, environ)
 
 
-def unused_notes(space: Any, command: Sequence[str]) -> list[str]:
+def sweep_notes(space: Any, command: Sequence[str], seed_given: bool) -> list[str]:
+    """What a new sweep says before it runs: parameters no placeholder uses, a chosen seed."""
     from launcher.sweep import unused_params, variable_name
 
-    return [
+    notes = [
         f"dtrain: note: COMMAND has no {{{name}}}: the trials see {name} only as "
         f"${variable_name(name)}"
         for name in unused_params(space, command)
     ]
+    if space.params and not seed_given:
+        notes.append(f"dtrain: note: drawn with --seed {space.seed} (give it to draw them again)")
+    return notes
 
 
 def resumed_sweep(options: dict[str, Any], root: Any) -> Any:

@@ -92,6 +92,7 @@ def parse_grid(texts: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
             split = tuple(v.strip() for v in values.split(","))
             if equals:
                 check_name(name, f"--grid {text!r}", "lr=0.1,0.01")
+                check_not_distribution(text, name, values)
             if not equals or not all(split):
                 raise UsageError(
                     f"--grid {text!r}: {item!r} needs NAME=VALUE[,VALUE...] with no empty value",
@@ -99,6 +100,16 @@ def parse_grid(texts: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
                 )
             found.append((name, split))
     return tuple(found)
+
+
+def check_not_distribution(text: str, name: str, values: str) -> None:
+    """``--grid 'lr=uniform(0,1)'`` would be the trials 'uniform(0' and '1)'."""
+    match = DISTRIBUTION.fullmatch(values)
+    if match is not None and match[1] in (*KINDS, "range", "randint"):
+        raise UsageError(
+            f"--grid {text!r}: {match[1]}(...) is a distribution; --grid takes values",
+            f"write --random N --param '{name}={values}', or list the values: {name}=a,b,c",
+        )
 
 
 def check_name(name: str, where: str, example: str) -> None:

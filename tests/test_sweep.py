@@ -45,6 +45,7 @@ from launcher.sweep import (
         (["lr=0.1", "opt=adam,sgd"], (("lr", ("0.1",)), ("opt", ("adam", "sgd")))),
         (["  a=1 ,  "], None),  # an empty value
         (["opt='adam w',sgd"], (("opt", ("adam w", "sgd")),)),
+        (["act=relu(),tanh()"], (("act", ("relu()", "tanh()")),)),  # values that look like calls
         (["_x2=-1,1e-3"], (("_x2", ("-1", "1e-3")),)),
     ],
 )  # fmt: skip
@@ -66,6 +67,8 @@ def test_grids(texts: list[str], expected: object) -> None:
         ("l-r=0.1", "'l-r' is not a parameter name"),
         ("lr='0.1", "No closing quotation"),
         ("", "no parameters"),
+        ("lr=uniform(0,1)", "uniform(...) is a distribution; --grid takes values"),
+        ("n=range(1,5)", "range(...) is a distribution"),
     ],
 )
 def test_bad_grids_say_what(text: str, message: str) -> None:

@@ -3,6 +3,7 @@ hosts, queueing, failures, retries, Ctrl-C, --resume."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 from tests.conftest import (
     JOBS,
     REPO,
+    marked_pids,
     run_dtrain,
     start_dtrain,
     wait_for_pids,
@@ -221,6 +223,19 @@ def test_a_signal_to_the_sweep_stops_every_trial(mark: str, signum: int) -> None
     assert rows == {"0": "stopped", "1": "stopped", "2": "pending"}
 
 
+def wait_for_sleep(mark: str, timeout: float = 30.0) -> None:
+    """Until a marked ``sleep 300`` runs (trial 0's shell and watchdog, marked too, may still
+    be there: a count of marked processes would not tell the trials apart)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in marked_pids(mark):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00300\x00":
+                    return
+        time.sleep(0.05)
+    raise AssertionError(f"no sleep 300 marked {mark}")
+
+
 def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: str) -> None:
     go = tmp_path / "go"
     script = f"[ {{x}} = 0 ] || [ -e {go} ] || {{ sleep 300 & wait; }}; echo metric: v={{x}}"
@@ -229,7 +244,7 @@ def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: s
         "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script,
     )  # fmt: skip
     sweep_id = sweep_id_of(proc)
-    wait_for_pids(mark, 2)  # trial 1 (trial 0 ended at once; trial 2 waits for the slot)
+    wait_for_sleep(mark)  # trial 1's (trial 0 ends at once; trial 2 waits for the slot)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == 130
@@ -278,6 +293,7 @@ def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: s
         (["--follow", "2", "--grid", "a=1,2", "t.py"], "--follow 2: the sweep's trials are 0 to 1"),
         (["--maximize", "--grid", "a=1", "t.py"], "--maximize/--minimize order the results by"),
         (["--resume", ""], "--resume '': no sweep id"),
+        (["--grid", "lr=loguniform(1e-3,1)", "t.py"], "loguniform(...) is a distribution"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -295,6 +311,15 @@ def test_a_parameter_not_in_the_command_is_a_note() -> None:
     assert result.stderr == (
         "dtrain: note: COMMAND has no {b}: the trials see b only as $DTRAIN_PARAM_B\n"
     )
+
+
+def test_a_chosen_seed_is_said_and_draws_the_same_trials_again() -> None:
+    args = ["sweep", "--dry-run", "--json", "--random", "3", "--param", "lr=uniform(0,1)"]
+    first = run_dtrain(*args, "t.py", "{lr}")
+    assert first.returncode == 0, first.stderr
+    seed = first.stderr.split("drawn with --seed ", 1)[1].split()[0]
+    again = run_dtrain(*args, "--seed", seed, "t.py", "{lr}")
+    assert again.stderr == "" and json.loads(again.stdout) == json.loads(first.stdout)
 
 
 def test_dry_run_lists_the_trials() -> None:
