@@ -250,19 +250,19 @@ def sweep_command(**options: Any) -> int:
     settings = sweep.settings
     reported = metric_names(sweep.rows())
     if settings.objective and settings.objective not in reported:
-        click.echo(
+        view.notice(
             f"dtrain: note: no trial reported --objective {settings.objective} (metrics: "
-            f"{', '.join(reported) or 'none'}); the table is in trial order",
-            err=True,
+            f"{', '.join(reported) or 'none'}); the table is in trial order"
         )
     if options["as_json"]:
-        click.echo(results_json(sweep.id, sweep.rows(), settings.objective, settings.maximize))
+        lines = [results_json(sweep.id, sweep.rows(), settings.objective, settings.maximize)]
     else:
         width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-        for line in format_results(
-            sweep.rows(), settings.objective, settings.maximize, width, sweep.id
-        ):
-            click.echo(line)
+        lines = format_results(sweep.rows(), settings.objective, settings.maximize, width, sweep.id)
+    try:
+        click.echo("\n".join(lines))
+    except OSError:  # the terminal went away (SIGHUP): the sweep's record has the results
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return code
 
 

@@ -65,6 +65,7 @@ class SweepView:
         self.live: Any = None
         self.shown: dict[int, str] = {}  # trial -> the state last told (plain lines)
         self.drawn = 0.0
+        self.gone = False  # the terminal went away (SIGHUP): the sweep goes on, unseen
 
     def know(self, rows: Sequence[TrialRow]) -> None:
         """Trials whose state is known already (not run this time): not told again."""
@@ -90,16 +91,20 @@ class SweepView:
         try:
             yield
         finally:
-            self.live.stop()
+            with contextlib.suppress(OSError):
+                self.live.stop()
             self.live = None
 
     def update(self, rows: Sequence[TrialRow]) -> None:
         if self.live is not None:
             changed = any(self.shown.get(r.trial) != r.state for r in rows)
             self.shown = {r.trial: r.state for r in rows}
-            if changed or self.clock() - self.drawn >= REFRESH_S:
+            if (changed or self.clock() - self.drawn >= REFRESH_S) and not self.gone:
                 self.drawn = self.clock()
-                self.live.update(self.table(rows), refresh=True)
+                try:
+                    self.live.update(self.table(rows), refresh=True)
+                except OSError:
+                    self.gone = True
             return
         for row in rows:
             if self.shown.get(row.trial) != row.state:
@@ -142,11 +147,18 @@ class SweepView:
         self.write(self.err, text)
 
     def write(self, stream: TextIO, text: str) -> None:
-        if self.live is not None:  # above the live table, which stays whole
-            self.live.console.print(text, highlight=False, markup=False, soft_wrap=True)
+        """A line above the live table (which stays whole), or on ``stream``; nothing once
+        the terminal is gone (the job directories keep every line)."""
+        if self.gone:
             return
-        stream.write(text + "\n")
-        stream.flush()
+        try:
+            if self.live is not None:
+                self.live.console.print(text, highlight=False, markup=False, soft_wrap=True)
+                return
+            stream.write(text + "\n")
+            stream.flush()
+        except OSError:  # EIO after a hang-up, EPIPE: the view ends, not the sweep
+            self.gone = True
 
 
 Column = tuple[str, list[str], int]  # header, a cell per row, priority (0: always shown)

@@ -7,7 +7,9 @@ import contextlib
 import itertools
 import json
 import os
+import pty
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,8 +18,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import (
+    DTRAIN,
     JOBS,
     REPO,
+    child_env,
     marked_pids,
     run_dtrain,
     start_dtrain,
@@ -234,6 +238,26 @@ def wait_for_sleep(mark: str, timeout: float = 30.0) -> None:
                     return
         time.sleep(0.05)
     raise AssertionError(f"no sleep 300 marked {mark}")
+
+
+def test_a_terminal_gone_ends_only_the_view(mark: str) -> None:
+    """Its terminal closed (writes fail with EIO), a stopped sweep still records its trials,
+    tears them down and exits 130 (a traceback would exit 1)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*DTRAIN, "sweep", "--grid", "x=1,2", "-H", "localhost:1",
+         "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", "sleep 300 & wait"],
+        stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=child_env(), cwd=REPO,
+    )  # fmt: skip
+    os.close(slave)
+    wait_for_sleep(mark)
+    os.close(master)  # the terminal is gone: every write to it fails
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert wait_until_gone(mark, timeout=15) == []
+    records = sorted((JOBS / "sweeps").glob("*/sweep.json"), key=lambda p: p.stat().st_mtime)
+    record = json.loads(records[-1].read_text())
+    assert [t["state"] for t in record["trials"]] == ["stopped", "pending"]
 
 
 def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: str) -> None:
