@@ -138,6 +138,20 @@ def test_json_with_follow_keeps_stdout_for_the_json(mark: str) -> None:
     assert "dtrain: note: no trial reported --objective acc (metrics: v)" in result.stderr
 
 
+def test_trials_get_one_thread_each_unless_told(mark: str) -> None:
+    """As torchrun does for ranks side by side: OMP_NUM_THREADS=1, unless -x or the
+    environment gives it."""
+    show = ["sh", "-c", "echo metric: omp=${OMP_NUM_THREADS:-unset}"]
+    args = ["sweep", "--json", "--plain", "--grid", "x=1,2", "-H", "localhost:2"]
+    mine = ["-x", f"DTRAIN_TEST_MARK={mark}"]
+    default = run_dtrain(*args, *mine, *show)
+    told = run_dtrain(*args, *mine, "-x", "OMP_NUM_THREADS=3", *show)
+    inherited = run_dtrain(*args, *mine, *show, env={**child_env(), "OMP_NUM_THREADS": "2"})
+    for result, expected in ((default, 1.0), (told, 3.0), (inherited, 2.0)):
+        assert result.returncode == 0, result.stderr
+        assert [t["metrics"]["omp"] for t in json.loads(result.stdout)["trials"]] == [expected] * 2
+
+
 def test_max_parallel_caps_the_trials_at_once(mark: str) -> None:
     code = (
         "import time; s = time.time(); time.sleep(1); print('metric: s=%f e=%f' % (s, time.time()))"
