@@ -232,11 +232,14 @@ def train_pipeline(args: argparse.Namespace) -> int:
     rank, world, device = setup()
     x_train, y_train, x_test, y_test = load_data()
     blocks = build_blocks(args.hidden_layers)
+    sizes = ", ".join(str(len(stage_of(blocks, s, world))) for s in range(world))
     pipe = Pipeline(stage_of(blocks, rank, world), rank, world, device)
+    del blocks  # the other stages' layers: this rank keeps its own only
     optimizer = make_optimizer(pipe.module)
     schedule = torch_schedule(pipe, args.micro_batches) if args.engine == "torch" else None
+    held = sum(p.numel() for p in pipe.module.parameters())
+    print(f"stage {rank}: {len(pipe.module)} block(s), {held} parameters")
     if pipe.last:
-        sizes = ", ".join(str(len(stage_of(blocks, s, world))) for s in range(world))
         print(f"{world} stages (blocks per stage: {sizes}), {args.micro_batches} micro-batches")
     for epoch in range(args.epochs):
         losses = []  # the last stage's loss of each batch

@@ -10,6 +10,7 @@ fast (rule 11).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
@@ -219,12 +220,13 @@ def sweep_command(**options: Any) -> int:
       dtrain sweep --resume SWEEP                  # the trials that did not finish
     """
     from launcher.jobs import jobs_root
+    from launcher.sweep import metric_names
     from launcher.sweeprun import SweepRunner, resume_indices
     from launcher.sweepview import SweepView, format_results, results_json
 
     environ = dict(os.environ)
     root = jobs_root(options["job_dir"], environ)
-    if options["resume"]:
+    if options["resume"] is not None:
         sweep = resumed_sweep(options, root)
         indices = resume_indices(sweep, options["retry_failed"])
     else:
@@ -233,20 +235,34 @@ def sweep_command(**options: Any) -> int:
             return 0
         indices = [t.index for t in sweep.trials]
     live = sys.stderr.isatty() and not options["plain"]
-    view = SweepView(sweep.id, sys.stdout, sys.stderr, live)
+    followed = sys.stderr if options["as_json"] else sys.stdout  # stdout: the JSON alone
+    view = SweepView(sweep.id, followed, sys.stderr, live, objective=sweep.settings.objective)
     view.know([row for row in sweep.rows() if row.trial not in indices])
     view.notice(
         f"dtrain: sweep {sweep.id}: {len(indices)} of {len(sweep.trials)} trial(s) on "
         f"{sum(h.slots for h in sweep.hosts)} slot(s); resume with: dtrain sweep --resume "
         f"{sweep.id}"
     )
+    if options["resume"] is None:
+        for note in sweep_notes(sweep.space, sweep.base.command, options["seed"] is not None):
+            view.notice(note)
     code = SweepRunner(sweep, environ, view, options["follow"]).run(indices)
     settings = sweep.settings
+    reported = metric_names(sweep.rows())
+    if settings.objective and settings.objective not in reported:
+        view.notice(
+            f"dtrain: note: no trial reported --objective {settings.objective} (metrics: "
+            f"{', '.join(reported) or 'none'}); the table is in trial order"
+        )
     if options["as_json"]:
-        click.echo(results_json(sweep.id, sweep.rows(), settings.objective, settings.maximize))
+        lines = [results_json(sweep.id, sweep.rows(), settings.objective, settings.maximize)]
     else:
-        for line in format_results(sweep.rows(), settings.objective, settings.maximize):
-            click.echo(line)
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+        lines = format_results(sweep.rows(), settings.objective, settings.maximize, width, sweep.id)
+    try:
+        click.echo("\n".join(lines))
+    except OSError:  # the terminal went away (SIGHUP): the sweep's record has the results
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return code
 
 
@@ -264,7 +280,7 @@ SWEEP_DEFINITION = {
 
 def new_sweep(options: dict[str, Any], root: Any, environ: dict[str, str]) -> Any:
     """The sweep the options describe, recorded (None after --dry-run, which prints it)."""
-    from launcher.sweep import build_space
+    from launcher.sweep import build_space, check_choices
     from launcher.sweeprun import SweepSettings, check_sweep, choose_seed, create_sweep
     from launcher.sweepview import format_trials
 
@@ -284,17 +300,36 @@ def new_sweep(options: dict[str, Any], root: Any, environ: dict[str, str]) -> An
         maximize=bool(options["maximize"]),
     )
     base = config_from_options(options)
+    trials, _ = check_sweep(base, space, settings, environ)
+    direction = options["maximize"] is not None
+    check_choices(settings.objective, direction, options["follow"], len(trials))
     if options["dry_run"]:
-        trials, _ = check_sweep(base, space, settings, environ)
+        for note in sweep_notes(space, options["command"], options["seed"] is not None):
+            click.echo(note, err=True)
         for line in format_trials(trials, options["as_json"]):
             click.echo(line)
         return None
     return create_sweep(base, space, settings, root, environ)
 
 
+def sweep_notes(space: Any, command: Sequence[str], seed_given: bool) -> list[str]:
+    """What a new sweep says before it runs: parameters no placeholder uses, a chosen seed."""
+    from launcher.sweep import unused_params, variable_name
+
+    notes = [
+        f"dtrain: note: COMMAND has no {{{name}}}: the trials see {name} only as "
+        f"${variable_name(name)}"
+        for name in unused_params(space, command)
+    ]
+    if space.params and not seed_given:
+        notes.append(f"dtrain: note: drawn with --seed {space.seed} (give it to draw them again)")
+    return notes
+
+
 def resumed_sweep(options: dict[str, Any], root: Any) -> Any:
     """``--resume ID``: the recorded sweep; -H/--hostfile, -x, --max-parallel, --retries and
     --objective given now replace the recorded ones, the trials are as recorded."""
+    from launcher.sweep import check_choices
     from launcher.sweeprun import load_sweep
 
     given = [
@@ -317,7 +352,10 @@ def resumed_sweep(options: dict[str, Any], root: Any) -> Any:
         for name in ("max_parallel", "retries", "objective", "maximize")
         if options[name] is not None
     }
-    return load_sweep(root, options["resume"], options["exports"], hosts, overrides)
+    sweep = load_sweep(root, options["resume"], options["exports"], hosts, overrides)
+    objective, direction = sweep.settings.objective, options["maximize"] is not None
+    check_choices(objective, direction, options["follow"], len(sweep.trials))
+    return sweep
 
 
 def start_job(config: JobConfig) -> int:

@@ -92,6 +92,7 @@ def parse_grid(texts: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
             split = tuple(v.strip() for v in values.split(","))
             if equals:
                 check_name(name, f"--grid {text!r}", "lr=0.1,0.01")
+                check_not_distribution(text, name, values)
             if not equals or not all(split):
                 raise UsageError(
                     f"--grid {text!r}: {item!r} needs NAME=VALUE[,VALUE...] with no empty value",
@@ -99,6 +100,16 @@ def parse_grid(texts: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
                 )
             found.append((name, split))
     return tuple(found)
+
+
+def check_not_distribution(text: str, name: str, values: str) -> None:
+    """``--grid 'lr=uniform(0,1)'`` would be the trials 'uniform(0' and '1)'."""
+    match = DISTRIBUTION.fullmatch(values)
+    if match is not None and match[1] in (*KINDS, "range", "randint"):
+        raise UsageError(
+            f"--grid {text!r}: {match[1]}(...) is a distribution; --grid takes values",
+            f"write --random N --param '{name}={values}', or list the values: {name}=a,b,c",
+        )
 
 
 def check_name(name: str, where: str, example: str) -> None:
@@ -234,6 +245,29 @@ def plan_trials(space: SearchSpace, command: Sequence[str]) -> list[Trial]:
         Trial(index, params, fill_command(command, params))
         for index, params in enumerate(expand_space(space))
     ]
+
+
+def unused_params(space: SearchSpace, command: Sequence[str]) -> list[str]:
+    """Parameters no ``{name}`` of the command uses: the trials see them only as variables
+    (a program may read them so, or the placeholder was forgotten: every trial alike)."""
+    used = set(placeholders(command))
+    return [name for name in space.names if name not in used]
+
+
+def check_choices(
+    objective: str | None, direction_given: bool, follow: int | None, trials: int
+) -> None:
+    """--maximize/--minimize only with --objective; --follow names one of the trials."""
+    if direction_given and objective is None:
+        raise UsageError(
+            "--maximize/--minimize order the results by --objective, which is not given",
+            "add --objective NAME (a metric the trials print), or drop it",
+        )
+    if follow is not None and follow >= trials:
+        raise UsageError(
+            f"--follow {follow}: the sweep's trials are 0 to {trials - 1}",
+            "give a trial number from --dry-run's list",
+        )
 
 
 def variable_name(name: str) -> str:

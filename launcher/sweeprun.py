@@ -255,6 +255,8 @@ def choose_seed() -> int:
 def find_sweep(root: Path, wanted: str) -> Path:
     """The directory of the sweep named (or uniquely prefixed) by ``wanted``."""
     base = root / SWEEPS
+    if not wanted.strip():
+        raise UsageError(f"--resume {wanted!r}: no sweep id", "give the id dtrain sweep printed")
     found = sorted(p for p in base.glob("*") if (p / RECORD).is_file()) if base.is_dir() else []
     matches = [p for p in found if p.name == wanted] or [
         p for p in found if p.name.startswith(wanted)
@@ -331,12 +333,21 @@ def trial_from_json(data: Mapping[str, Any]) -> TrialRecord:
 
 
 def trial_config(
-    sweep: Sweep, trial: Trial, job_id: str, hostfile: Path, port: int, metrics: str
+    sweep: Sweep,
+    trial: Trial,
+    job_id: str,
+    hostfile: Path,
+    port: int,
+    metrics: str,
+    one_thread: bool = False,
 ) -> JobConfig:
-    """The trial's dtrain job: the sweep's config with its command, slots, port and variables,
-    and nothing shown (the job directory keeps every line)."""
+    """The trial's dtrain job: the sweep's config with its command, slots, port and variables
+    (with ``one_thread``, OMP_NUM_THREADS=1), and nothing shown (the job directory keeps
+    every line)."""
     base = sweep.base
     variables = {**trial_env(trial), "DTRAIN_METRICS_FILE": metrics}
+    if one_thread:  # trials side by side, each with a thread per core, would thrash the host
+        variables["OMP_NUM_THREADS"] = "1"
     exports = (*base.env.exports, *(f"{k}={v}" for k, v in variables.items()))
     return replace(
         base,
@@ -517,6 +528,8 @@ class SweepRunner:
         self.tries: dict[int, int] = {}  # runs of each trial in this sweep run
         self.notes: set[str] = set()
         self.local_gpus = self.find_local_gpus()
+        given = {e.partition("=")[0] for e in sweep.base.env.exports}
+        self.one_thread = "OMP_NUM_THREADS" not in environ and "OMP_NUM_THREADS" not in given
 
     def find_local_gpus(self) -> dict[int, tuple[str, ...]]:
         """GPUs of this machine, for each host of the sweep that is this machine."""
@@ -601,7 +614,8 @@ class SweepRunner:
             f.write(text.encode())
         port = self.pick_port()
         trial = Trial(record.index, record.params, record.command)
-        config = trial_config(sweep, trial, job_id, hostfile, port, str(job.path / METRICS_FILE))
+        metrics = str(job.path / METRICS_FILE)
+        config = trial_config(sweep, trial, job_id, hostfile, port, metrics, self.one_thread)
         process = start_launcher(config, job, self.environ)
         record.state, record.hosts = "running", describe_placement(sweep.hosts, placement)
         record.jobs.append(job_id)
@@ -692,8 +706,8 @@ class SweepRunner:
                 grace = self.sweep.base.grace_s
                 self.kill_at = time.monotonic() + grace + STOP_EXTRA_S
                 self.frontend.notice(
-                    f"dtrain: stopping {len(self.running)} running trial(s); "
-                    f"{len(self.queue)} not started"
+                    f"dtrain: stopping {len(self.running)} running trial(s) (grace {grace:g} s); "
+                    f"{len(self.queue)} not started; Ctrl-C again to kill now"
                 )
             self.forwarded += 1
             for run in self.running.values():

@@ -74,6 +74,13 @@ def assert_matches(output: str, reference: dict[str, str]) -> None:
     assert accuracy(output) >= 0.9  # it did learn
 
 
+def assert_split(output: str, stages: int) -> None:
+    """Each rank holds its stage's parameters only, and together the whole model's."""
+    held = [int(n) for n in re.findall(r"\] stage \d+: \d+ block\(s\), (\d+) parameters", output)]
+    model = sum(p.numel() for b in load_example().build_blocks(3) for p in b.parameters())
+    assert len(held) == stages and sum(held) == model and max(held) < model, output
+
+
 @pytest.mark.parametrize(
     ("blocks", "stages", "sizes"),
     [(4, 2, [2, 2]), (4, 4, [1, 1, 1, 1]), (4, 3, [2, 1, 1]), (7, 3, [3, 2, 2]), (2, 2, [1, 1])],
@@ -116,6 +123,7 @@ def test_two_stages_train_as_one_process_does(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[1] 2 stages (blocks per stage: 2, 2), 4 micro-batches" in result.stdout
+    assert_split(result.stdout, 2)
     assert_matches("\n".join(ln for ln in result.stdout.splitlines() if ln.startswith("[1] ")),
                    reference)  # fmt: skip
 
@@ -134,5 +142,6 @@ def test_four_stages_over_two_ssh_hosts(
     assert result.returncode == 0, result.stderr[-3000:]
     last = [ln for ln in result.stdout.splitlines() if ln.startswith("[3@node2] ")]
     assert "[3@node2] 4 stages (blocks per stage: 1, 1, 1, 1), 4 micro-batches" in last
+    assert_split(result.stdout, 4)
     assert_matches("\n".join(last), reference)
     assert_nothing_left(ssh_hosts, mark)

@@ -18,6 +18,7 @@ from launcher.sweep import (
     Trial,
     TrialRow,
     build_space,
+    check_choices,
     expand_space,
     fill_command,
     parse_grid,
@@ -30,6 +31,7 @@ from launcher.sweep import (
     sort_rows,
     trial_env,
     trials_to_rerun,
+    unused_params,
 )
 
 
@@ -43,6 +45,7 @@ from launcher.sweep import (
         (["lr=0.1", "opt=adam,sgd"], (("lr", ("0.1",)), ("opt", ("adam", "sgd")))),
         (["  a=1 ,  "], None),  # an empty value
         (["opt='adam w',sgd"], (("opt", ("adam w", "sgd")),)),
+        (["act=relu(),tanh()"], (("act", ("relu()", "tanh()")),)),  # values that look like calls
         (["_x2=-1,1e-3"], (("_x2", ("-1", "1e-3")),)),
     ],
 )  # fmt: skip
@@ -64,6 +67,8 @@ def test_grids(texts: list[str], expected: object) -> None:
         ("l-r=0.1", "'l-r' is not a parameter name"),
         ("lr='0.1", "No closing quotation"),
         ("", "no parameters"),
+        ("lr=uniform(0,1)", "uniform(...) is a distribution; --grid takes values"),
+        ("n=range(1,5)", "range(...) is a distribution"),
     ],
 )
 def test_bad_grids_say_what(text: str, message: str) -> None:
@@ -196,6 +201,39 @@ def test_placeholders_listed_and_unknown_ones_refused() -> None:
         plan_trials(space, ["train.py", "--lr", "{lr}", "--batch", "{batch}"])
     assert str(caught.value).startswith("COMMAND: unknown placeholder {batch} (parameters: lr)")
     assert plan_trials(space, ["t.py", "{lr}"]) == [Trial(0, (("lr", "0.1"),), ("t.py", "0.1"))]
+
+
+@pytest.mark.parametrize(
+    ("command", "unused"),
+    [
+        (["t.py", "--lr", "{lr}", "{b}"], []),
+        (["t.py", "--lr={lr}"], ["b"]),
+        (["t.py", "{{lr}}", "{{b}}"], ["lr", "b"]),  # literal braces use nothing
+        (["t.py"], ["lr", "b"]),  # the program reads $DTRAIN_PARAM_LR, say
+    ],
+)
+def test_parameters_the_command_does_not_use(command: list[str], unused: list[str]) -> None:
+    assert unused_params(build_space(["lr=0.1 b=1"], [], None, seed=0), command) == unused
+
+
+@pytest.mark.parametrize(
+    ("objective", "direction", "follow", "trials", "message"),
+    [
+        ("acc", True, 3, 4, None),
+        (None, False, None, 1, None),
+        (None, True, None, 4, "--maximize/--minimize order the results by --objective"),
+        ("acc", False, 4, 4, "--follow 4: the sweep's trials are 0 to 3"),
+    ],
+)
+def test_view_choices_checked(
+    objective: str | None, direction: bool, follow: int | None, trials: int, message: str | None
+) -> None:
+    if message is None:
+        check_choices(objective, direction, follow, trials)
+        return
+    with pytest.raises(UsageError) as caught:
+        check_choices(objective, direction, follow, trials)
+    assert str(caught.value).startswith(message)
 
 
 def test_trial_variables() -> None:

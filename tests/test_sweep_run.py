@@ -3,10 +3,13 @@ hosts, queueing, failures, retries, Ctrl-C, --resume."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import pty
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,8 +18,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import (
+    DTRAIN,
     JOBS,
     REPO,
+    child_env,
+    marked_pids,
     run_dtrain,
     start_dtrain,
     wait_for_pids,
@@ -118,6 +124,34 @@ def test_retries_run_a_failed_trial_again(tmp_path: Path, mark: str) -> None:
     assert json.loads((JOBS / second / "status.json").read_text())["exit_code"] == 0
 
 
+def test_json_with_follow_keeps_stdout_for_the_json(mark: str) -> None:
+    """dtrain sweep --json --follow 0 > results.json: the followed lines go to stderr."""
+    result = run_dtrain(
+        "sweep", "--json", "--plain", "--follow", "0", "--objective", "acc", "--grid", "x=1,2",
+        "-H", "localhost:2", "-x", f"DTRAIN_TEST_MARK={mark}",
+        "sh", "-c", "echo hello {x}; echo metric: v={x}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    table = json.loads(result.stdout)  # the whole of stdout
+    assert [t["metrics"] for t in table["trials"]] == [{"v": 1.0}, {"v": 2.0}]
+    assert "[t0:0] hello 1\n" in result.stderr and "[t1:0]" not in result.stderr
+    assert "dtrain: note: no trial reported --objective acc (metrics: v)" in result.stderr
+
+
+def test_trials_get_one_thread_each_unless_told(mark: str) -> None:
+    """As torchrun does for ranks side by side: OMP_NUM_THREADS=1, unless -x or the
+    environment gives it."""
+    show = ["sh", "-c", "echo metric: omp=${OMP_NUM_THREADS:-unset}"]
+    args = ["sweep", "--json", "--plain", "--grid", "x=1,2", "-H", "localhost:2"]
+    mine = ["-x", f"DTRAIN_TEST_MARK={mark}"]
+    default = run_dtrain(*args, *mine, *show)
+    told = run_dtrain(*args, *mine, "-x", "OMP_NUM_THREADS=3", *show)
+    inherited = run_dtrain(*args, *mine, *show, env={**child_env(), "OMP_NUM_THREADS": "2"})
+    for result, expected in ((default, 1.0), (told, 3.0), (inherited, 2.0)):
+        assert result.returncode == 0, result.stderr
+        assert [t["metrics"]["omp"] for t in json.loads(result.stdout)["trials"]] == [expected] * 2
+
+
 def test_max_parallel_caps_the_trials_at_once(mark: str) -> None:
     code = (
         "import time; s = time.time(); time.sleep(1); print('metric: s=%f e=%f' % (s, time.time()))"
@@ -196,12 +230,48 @@ def test_a_signal_to_the_sweep_stops_every_trial(mark: str, signum: int) -> None
     if signum == signal.SIGKILL:  # nobody to tell: the trials' launchers tore down alone
         return
     assert proc.returncode == 130, err
-    assert "dtrain: stopping 2 running trial(s); 1 not started" in err
+    assert (
+        "dtrain: stopping 2 running trial(s) (grace 5 s); 1 not started; Ctrl-C again to kill now"
+        in err
+    )
     states = [t["state"] for t in sweep_record(sweep_id)["trials"]]
     assert states == ["stopped", "stopped", "pending"]
     assert sweep_record(sweep_id)["state"] == "interrupted"
     rows = {line.split()[0]: line.split()[2] for line in out.splitlines()[1:]}
     assert rows == {"0": "stopped", "1": "stopped", "2": "pending"}
+
+
+def wait_for_sleep(mark: str, timeout: float = 30.0) -> None:
+    """Until a marked ``sleep 300`` runs (trial 0's shell and watchdog, marked too, may still
+    be there: a count of marked processes would not tell the trials apart)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in marked_pids(mark):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00300\x00":
+                    return
+        time.sleep(0.05)
+    raise AssertionError(f"no sleep 300 marked {mark}")
+
+
+def test_a_terminal_gone_ends_only_the_view(mark: str) -> None:
+    """Its terminal closed (writes fail with EIO), a stopped sweep still records its trials,
+    tears them down and exits 130 (a traceback would exit 1)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*DTRAIN, "sweep", "--grid", "x=1,2", "-H", "localhost:1",
+         "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", "sleep 300 & wait"],
+        stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=child_env(), cwd=REPO,
+    )  # fmt: skip
+    os.close(slave)
+    wait_for_sleep(mark)
+    os.close(master)  # the terminal is gone: every write to it fails
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert wait_until_gone(mark, timeout=15) == []
+    records = sorted((JOBS / "sweeps").glob("*/sweep.json"), key=lambda p: p.stat().st_mtime)
+    record = json.loads(records[-1].read_text())
+    assert [t["state"] for t in record["trials"]] == ["stopped", "pending"]
 
 
 def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: str) -> None:
@@ -212,7 +282,7 @@ def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: s
         "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script,
     )  # fmt: skip
     sweep_id = sweep_id_of(proc)
-    wait_for_pids(mark, 2)  # trial 1 (trial 0 ended at once; trial 2 waits for the slot)
+    wait_for_sleep(mark)  # trial 1's (trial 0 ends at once; trial 2 waits for the slot)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == 130
@@ -258,6 +328,10 @@ def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: s
         (["--retry-failed", "--grid", "a=1", "t.py"], "--retry-failed is for --resume"),
         (["--grid", "a=1", "-H", "bad host", "t.py"], "-H"),
         (["--job-dir", "/proc/nope", "--grid", "a=1", "t.py"], "--job-dir /proc/nope: cannot"),
+        (["--follow", "2", "--grid", "a=1,2", "t.py"], "--follow 2: the sweep's trials are 0 to 1"),
+        (["--maximize", "--grid", "a=1", "t.py"], "--maximize/--minimize order the results by"),
+        (["--resume", ""], "--resume '': no sweep id"),
+        (["--grid", "lr=loguniform(1e-3,1)", "t.py"], "loguniform(...) is a distribution"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -266,6 +340,24 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("dtrain: error: ") and message in lines[0], lines
+
+
+def test_a_parameter_not_in_the_command_is_a_note() -> None:
+    """A program may read $DTRAIN_PARAM_<NAME>; a forgotten placeholder is said, not refused."""
+    result = run_dtrain("sweep", "--dry-run", "--grid", "a=1,2 b=3", "t.py", "{a}")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (
+        "dtrain: note: COMMAND has no {b}: the trials see b only as $DTRAIN_PARAM_B\n"
+    )
+
+
+def test_a_chosen_seed_is_said_and_draws_the_same_trials_again() -> None:
+    args = ["sweep", "--dry-run", "--json", "--random", "3", "--param", "lr=uniform(0,1)"]
+    first = run_dtrain(*args, "t.py", "{lr}")
+    assert first.returncode == 0, first.stderr
+    seed = first.stderr.split("drawn with --seed ", 1)[1].split()[0]
+    again = run_dtrain(*args, "--seed", seed, "t.py", "{lr}")
+    assert again.stderr == "" and json.loads(again.stdout) == json.loads(first.stdout)
 
 
 def test_dry_run_lists_the_trials() -> None:
