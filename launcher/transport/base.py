@@ -15,7 +15,11 @@ class Process(Protocol):
 
     spec: LaunchSpec
     pid: int
-    cause: str | None  # why it ended, beyond its status, when the transport knows (a lost host)
+
+    @property
+    def cause(self) -> str | None:
+        """Why it ended, beyond its status, when the transport knows (a lost host)."""
+        ...
 
     def read(self, stream: Stream, size: int) -> bytes:
         """Up to ``size`` bytes of a stream, as soon as any are there; b"" at EOF."""

@@ -17,6 +17,7 @@ import select
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +26,13 @@ from launcher.hostlist import expand_counts, expand_hostlist
 from launcher.hosts import Host
 
 STEP_END_S = 5.0  # after the lifeline closed, how long the step may take to end by itself
+# Slurm's states of a job it has ended (or is ending): its ranks' signals came from Slurm.
+ENDED_STATES = frozenset(
+    {"CANCELLED", "COMPLETING", "COMPLETED", "TIMEOUT", "DEADLINE", "PREEMPTED", "NODE_FAIL",
+     "FAILED", "OUT_OF_MEMORY", "BOOT_FAIL"}
+)  # fmt: skip
+ENDED_CACHE_S = 5.0  # one squeue for all the nodes of a failure's report
+_ended: dict[str, tuple[float, bool]] = {}  # job id: (when asked, ended)
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,20 @@ class SrunConnection:
     def lost_cause(self) -> str:
         return f"the srun step on {self.host.name} ended (scancel, or the allocation's end)"
 
+    def allocation_ended(self) -> bool:
+        """Has Slurm ended (or begun to end) the job, by scancel or its time limit?  Asked
+        when a rank dies by a signal dtrain did not send: a scancel signals every task of
+        the step, the ranks and the agent at once, so which one dtrain hears of first is
+        chance; the job's state is not."""
+        job = self.environ.get("SLURM_JOB_ID", "")
+        now = time.monotonic()
+        asked = _ended.get(job)
+        if asked is not None and now - asked[0] < ENDED_CACHE_S:
+            return asked[1]
+        ended = job_ended(job, self.environ)
+        _ended[job] = (now, ended)
+        return ended
+
     def agent_failed(self, last: str) -> HostConnectionError:
         """The error for an agent step that ended before its probe report (``last``: srun's
         or the agent's last line of stderr)."""
@@ -212,6 +234,27 @@ class SrunConnection:
     def close(self) -> None:
         for channel in self.channels:
             channel.close()
+
+
+def job_ended(job: str, environ: Mapping[str, str]) -> bool:
+    """squeue's word on a Slurm job: ended (or ending), or gone from its queue."""
+    squeue = shutil.which("squeue", path=environ.get("PATH"))
+    if squeue is None or not job:
+        return False
+    try:
+        out = subprocess.run(
+            [squeue, "-h", "-j", job, "-o", "%T"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            env=dict(environ),
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if out.returncode != 0:
+        return "invalid job id" in out.stderr.lower()  # purged: long ended
+    state = out.stdout.strip()
+    return state == "" or state in ENDED_STATES  # "": gone from the queue
 
 
 def srun_connections(

@@ -753,9 +753,27 @@ class AgentProcess:
         self.started = threading.Event()  # the agent said the rank's pid (or the rank ended)
         self.code: int | None = None
         self.killed = False
-        self.cause: str | None = None
+        self.lost_cause: str | None = None  # the host was lost before the rank ended
         self.answers: dict[int, dict[str, Any]] = {}  # the agent's answers, by kind
         self.answered = {kind: threading.Event() for kind in agent.ANSWERS.values()}
+
+    @property
+    def cause(self) -> str | None:
+        """Why the rank ended, where its status does not say: the host was lost, or (over
+        srun) Slurm ended the job and its signal reached the rank first."""
+        if self.lost_cause is not None or self.killed or self.status is None:
+            return self.lost_cause
+        if self.status < 0 and self.status != -signal.SIGINT:
+            connection = self.host.connection
+            ended = getattr(connection, "allocation_ended", None)
+            if ended is not None and ended():
+                try:
+                    name = signal.Signals(-self.status).name
+                except ValueError:
+                    name = f"signal {-self.status}"
+                step = getattr(connection, "lost_cause", "Slurm ended the job")
+                self.lost_cause = f"killed by {name}: {step}"
+        return self.lost_cause
 
     def dump_stacks(self, timeout: float) -> dict[str, Any]:
         return self.ask(agent.DUMP_STACKS, timeout)
@@ -810,7 +828,7 @@ class AgentProcess:
         """The connection to the host ended (or was given up) before the rank did."""
         if not self.exited.is_set():
             if not self.killed:
-                self.cause = cause
+                self.lost_cause = cause
             self.finish(-signal.SIGKILL if self.killed else 255)
 
     def read(self, stream: Stream, size: int) -> bytes:
