@@ -398,11 +398,11 @@ def section(
     )
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace (or append) only this benchmark's section; others' sections stay as they are."""
+def write_section(path: Path, text: str, title: str = SECTION) -> None:
+    """Replace (or append) only the section ``title``; others' sections stay as they are."""
     current = path.read_text() if path.exists() else "# Benchmarks\n"
     lines = current.split("\n")
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
+    start = next((i for i, line in enumerate(lines) if line.strip() == title), None)
     if start is None:
         new = current.rstrip("\n") + "\n\n" + text
     else:
