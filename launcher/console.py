@@ -666,7 +666,12 @@ class LiveView:
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
             self.live.stop()
-            self.console.print(self.status_text(), highlight=False)
+            self.console.print(
+                self.status_text(self.console.width),
+                highlight=False,
+                no_wrap=True,
+                overflow="ellipsis",
+            )
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         self.show_group((spec,), stream, lines)
@@ -699,7 +704,9 @@ class LiveView:
     def update(self, state: RankState) -> None:
         self.states[state.rank] = state
 
-    def status_text(self) -> str:
+    def status_text(self, width: int | None = None) -> str:
+        """The status line; narrower than ``width``, it leaves out what matters least first
+        (the job id, said at the start; the hosts; restarts while there were none)."""
         states = list(self.states.values())  # rich's refresh thread calls this too
         running = sum(1 for s in states if s.status is None)
         stopped = sum(1 for s in states if s.status is not None and s.stopped)
@@ -713,11 +720,27 @@ class LiveView:
         per_host = "  ".join(f"{h} {r}/{t}" for h, (r, t) in hosts.items())
         elapsed = int(self.clock() - self.started)
         restarts = self.attempt + sum(s.restarts for s in states)
-        return (
-            f"dtrain {self.job_id}: {running}/{self.world_size} running  {per_host}  "
-            f"exited {exited} (failed {failed}, stopped {stopped})  restarts {restarts}  "
-            f"{elapsed // 3600:02d}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
-        )
+        clock = f"{elapsed // 3600:02d}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
+        head = f"dtrain {self.job_id}: "
+        parts = [
+            f"{running}/{self.world_size} running",
+            per_host,
+            f"exited {exited} (failed {failed}, stopped {stopped})",
+            f"restarts {restarts}",
+            clock,
+        ]
+        text = head + "  ".join(parts)
+        for step in ("job id", "hosts", "restarts"):
+            if width is None or len(text) <= width:
+                break
+            if step == "job id":
+                head = "dtrain: "
+            elif step == "hosts":
+                parts[1] = ""
+            elif restarts == 0:
+                parts[3] = ""
+            text = head + "  ".join(p for p in parts if p)
+        return text
 
     def render(self) -> Any:
         """The live area: each rank's progress bar (tagged and coloured as its lines), or one
@@ -735,7 +758,9 @@ class LiveView:
             ]
         else:
             rows = [Text(progress_summary({r: text for r, (_, _, text) in bars}), no_wrap=True)]
-        status = Text(self.status_text(), style="bold", no_wrap=True, overflow="ellipsis")
+        status = Text(
+            self.status_text(self.console.width), style="bold", no_wrap=True, overflow="ellipsis"
+        )
         for row in rows:
             row.truncate(self.console.width, overflow="ellipsis")
         status.truncate(self.console.width, overflow="ellipsis")
