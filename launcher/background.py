@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -49,25 +49,37 @@ class Detached:
     error: str | None = None
 
 
-def start_detached(config: JobConfig, root: Path, environ: Mapping[str, str]) -> Detached:
-    """Start the launcher in its own session; return once the job runs (or failed to start)."""
-    job_id = new_job_id()
-    job = JobDir.create(root, job_id, {"id": job_id, "command": list(config.command)})
-    view = replace(config.view, quiet=True, color=False)
-    child = replace(config, detach=False, job_id=job_id, view=view)
-    # The config (with -x values) goes through a 0600 file, never the command line (ps).
+def start_launcher(
+    config: JobConfig,
+    job: JobDir,
+    environ: Mapping[str, str],
+    preexec: Callable[[], None] | None = None,
+) -> subprocess.Popen[bytes]:
+    """``python -m launcher _resume`` for the job, in a session of its own, its output to
+    ``launcher.log``.  The config (with -x values) goes through a 0600 file, never the
+    command line (ps); this process speaks for the job until the launcher does."""
     payload = job.path / LAUNCH_FILE
-    write_json(payload, config_to_json(child))
-    write_starting(job, os.getpid())  # this process speaks for the job until the launcher does
+    write_json(payload, config_to_json(config))
+    write_starting(job, os.getpid())
     with open_private(job.path / "launcher.log", "wb") as log:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "launcher", "_resume", str(payload)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             start_new_session=True,
             env=dict(environ),
+            preexec_fn=preexec,
         )
+
+
+def start_detached(config: JobConfig, root: Path, environ: Mapping[str, str]) -> Detached:
+    """Start the launcher in its own session; return once the job runs (or failed to start)."""
+    job_id = new_job_id()
+    job = JobDir.create(root, job_id, {"id": job_id, "command": list(config.command)})
+    view = replace(config.view, quiet=True, color=False)
+    child = replace(config, detach=False, job_id=job_id, view=view)
+    process = start_launcher(child, job, environ)
     deadline = time.monotonic() + DETACH_WAIT_S
     while time.monotonic() < deadline:
         ended = process.poll() is not None  # before the status: a status read after it is fresh

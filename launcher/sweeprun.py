@@ -22,7 +22,6 @@ import ctypes
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from launcher.background import LAUNCH_FILE, write_starting
+from launcher.background import start_launcher
 from launcher.config import (
     JobConfig,
     ViewConfig,
@@ -379,21 +378,10 @@ def end_with_parent() -> None:
 LIBC: Any = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
-def start_launcher(config: JobConfig, job: JobDir, environ: Mapping[str, str]) -> Any:
-    """The trial's launcher, in a session of its own, its own output to launcher.log."""
-    payload = job.path / LAUNCH_FILE
-    write_json(payload, config_to_json(config))  # 0600: -x values never reach an argv
-    write_starting(job, os.getpid())  # the sweep answers for the job until its launcher does
-    with open_private(job.path / "launcher.log", "wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "launcher", "_resume", str(payload)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            env=dict(environ),
-            preexec_fn=end_with_parent if LIBC is not None else None,
-        )
+def start_trial_launcher(config: JobConfig, job: JobDir, environ: Mapping[str, str]) -> Any:
+    """The trial's launcher, in a session of its own, its own output to launcher.log; it
+    ends with the sweep (PR_SET_PDEATHSIG) where Linux offers it."""
+    return start_launcher(config, job, environ, end_with_parent if LIBC is not None else None)
 
 
 class MetricScanner:
@@ -616,7 +604,7 @@ class SweepRunner:
         trial = Trial(record.index, record.params, record.command)
         metrics = str(job.path / METRICS_FILE)
         config = trial_config(sweep, trial, job_id, hostfile, port, metrics, self.one_thread)
-        process = start_launcher(config, job, self.environ)
+        process = start_trial_launcher(config, job, self.environ)
         record.state, record.hosts = "running", describe_placement(sweep.hosts, placement)
         record.jobs.append(job_id)
         record.exit_code = record.duration_s = None
