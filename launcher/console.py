@@ -675,7 +675,11 @@ class LiveView:
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
             self.live.stop()
-            self.console.print(self.status_text(), highlight=False)
+            states = list(self.states.values())
+            if len(states) == self.world_size and all(s.status is not None for s in states):
+                self.console.print(self.status_text(), highlight=False)
+            # else the view was given up (Ctrl-C twice) before the ends came: a status line
+            # would say "running" above the launcher's own summary of how the job ended
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         self.show_group((spec,), stream, lines)
