@@ -352,7 +352,7 @@ def remember(row: PeerFlag) -> Callable[[click.Context, click.Parameter, Any], N
         if value is None or value is False or value == ():
             return
         spelled = used_spelling(ctx, param)
-        if row.kind == "text" and "-args" not in row.flags and is_option(ctx, value):
+        if row.kind == "text" and "args" not in row.flags and is_option(ctx, value):
             # ``--tee -np 2 train.py``: the flag took the next option as its value
             raise UsageError(
                 f"{spelled} takes a value, not the option {value}",
