@@ -182,7 +182,16 @@ class LineView:
             return ",".join(dict.fromkeys(values))
 
         chief = all(s.role == "chief" for s in specs)
-        tag = self.tag_format.format(
+        by_role: dict[str, list[int]] = {}
+        for s in specs:
+            by_role.setdefault(s.role, []).append(s.task)
+        # several roles: each with its own tasks (``worker0-2,ps0``), not the role and task
+        # sets side by side (``worker,ps0-2`` reads as ps0, ps1, ps2)
+        role_task = ",".join(
+            role + ("" if role == "chief" else rank_set(tasks)) for role, tasks in by_role.items()
+        )
+        tag = self.tag_format.replace("{role}{task}", "{role_task}").format(
+            role_task=role_task,
             rank=rank_set(s.rank for s in specs),
             host=distinct(s.host.name for s in specs),
             local_rank=rank_set(s.local_rank for s in specs),
@@ -666,12 +675,16 @@ class LiveView:
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
             self.live.stop()
-            self.console.print(
-                self.status_text(self.console.width),
-                highlight=False,
-                no_wrap=True,
-                overflow="ellipsis",
-            )
+            states = list(self.states.values())
+            if len(states) == self.world_size and all(s.status is not None for s in states):
+                self.console.print(
+                    self.status_text(self.console.width),
+                    highlight=False,
+                    no_wrap=True,
+                    overflow="ellipsis",
+                )
+            # else the view was given up (Ctrl-C twice) before the ends came: a status line
+            # would say "running" above the launcher's own summary of how the job ended
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         self.show_group((spec,), stream, lines)

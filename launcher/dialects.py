@@ -352,6 +352,12 @@ def remember(row: PeerFlag) -> Callable[[click.Context, click.Parameter, Any], N
         if value is None or value is False or value == ():
             return
         spelled = used_spelling(ctx, param)
+        if row.kind == "text" and "args" not in row.flags and is_option(ctx, value):
+            # ``--tee -np 2 train.py``: the flag took the next option as its value
+            raise UsageError(
+                f"{spelled} takes a value, not the option {value}",
+                f"write e.g. {spelled} {row.example}" if row.example else None,
+            )
         if row.refused is not None:
             raise UsageError(f"{spelled} ({row.peer}) has no dtrain equivalent", row.refused)
         if row.field is not None:
@@ -359,6 +365,13 @@ def remember(row: PeerFlag) -> Callable[[click.Context, click.Parameter, Any], N
             ctx.meta.setdefault(PEER_VALUES, {})[row.field] = (spelled, given)
 
     return callback
+
+
+def is_option(ctx: click.Context, value: object) -> bool:
+    """Whether ``value`` is one of the command's options (as typed, before an ``=``)."""
+    return isinstance(value, str) and any(
+        value.split("=", 1)[0] in getattr(param, "opts", ()) for param in ctx.command.params
+    )
 
 
 def used_spelling(ctx: click.Context, param: click.Parameter) -> str:
@@ -401,11 +414,16 @@ def suggestion(typed: str, command: click.Command) -> str | None:
         for opt in [*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())]
         if opt.startswith("-") and opt not in refused
     ]
-    bare = {normalized(opt): opt for opt in known}
+    bare: dict[str, list[str]] = {}
+    for opt in known:
+        bare.setdefault(normalized(opt), []).append(opt)
     import difflib
 
     found = difflib.get_close_matches(normalized(typed), list(bare), n=1, cutoff=0.85)
-    return bare[found[0]] if found and len(normalized(typed)) >= 4 else None
+    if not found or len(normalized(typed)) < 4:
+        return None
+    # of one flag's spellings (--hostfile, -hostfile), the one written as the user writes
+    return max(bare[found[0]], key=lambda opt: difflib.SequenceMatcher(None, typed, opt).ratio())
 
 
 def normalized(flag: str) -> str:

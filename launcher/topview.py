@@ -42,12 +42,25 @@ def rows_between(
 
 def top_table(job_id: str, rows: list[dict[str, Any]]) -> Any:
     """The rows as a rich table (the last line takes what width is left)."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"dtrain top: job {job_id}", title_justify="left", expand=True)
+    # light rules and no GPU column where no rank has a GPU: at 80 columns the last line,
+    # the column that tells most, keeps room to be read
+    table = Table(
+        title=f"dtrain top: job {job_id}",
+        title_justify="left",
+        expand=True,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    gpus = any(row["gpu_mib"] is not None for row in rows)
     for name, justify in (
         ("rank", "right"), ("host", "left"), ("pid", "right"), ("state", "left"),
-        ("cpu %", "right"), ("rss MiB", "right"), ("gpu MiB", "right"), ("quiet s", "right"),
+        ("cpu %", "right"), ("rss MiB", "right"), *([("gpu MiB", "right")] if gpus else []),
+        ("quiet s", "right"),
     ):  # fmt: skip
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     table.add_column("last line", overflow="ellipsis", no_wrap=True, ratio=1)
@@ -59,7 +72,7 @@ def top_table(job_id: str, rows: list[dict[str, Any]]) -> Any:
             row["state"],
             shown(row["cpu_percent"]),
             shown(row["rss_mib"]),
-            shown(row["gpu_mib"]),
+            *([shown(row["gpu_mib"])] if gpus else []),
             shown(row["silent_s"]),
             row.get("error") or row["last_line"],
         )

@@ -277,3 +277,13 @@ def test_dtrain_logs_collapse_reads_a_finished_jobs_logs(mark: str, tmp_path: Pa
     as_json = run_dtrain("logs", job_id, "--collapse", "--collapse-window", "5", "--json")
     records = [json.loads(line) for line in as_json.stdout.splitlines()]
     assert [r["ranks"] for r in records if r["text"] == "loading the dataset"] == [[0, 1, 2, 3]]
+
+
+def test_a_group_of_several_roles_tags_each_role_with_its_own_tasks() -> None:
+    out = io.StringIO()
+    clock = Clock()
+    view = CollapsingView(LineView(out, out, tag_format="[{role}{task}]"), 4, 0.5, clock)
+    roles = [("worker", 0), ("worker", 1), ("worker", 2), ("ps", 0)]
+    for rank, (role, task) in enumerate(roles):
+        view.show(replace(spec_of(rank), role=role, task=task), "stderr", [b"W"])
+    assert out.getvalue() == "[worker0-2,ps0]<stderr> W\n"

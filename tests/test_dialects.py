@@ -138,6 +138,9 @@ def test_peer_values_dtrain_cannot_take(
     [
         ("--gpus-per-rnk", "--gpus-per-rank"),
         ("--nproc_per_nod", "--nproc_per_node"),
+        ("--nproc-per-nod", "--nproc-per-node"),
+        ("--hostfle", "--hostfile"),  # not mpirun's -hostfile: the spelling as typed
+        ("--tage-output", "--tag-output"),
         ("--tee", None),  # accepted: no error at all
         ("--tf-config", None),
         ("--bogus", None),
@@ -156,3 +159,12 @@ def test_suggestions_are_typos_of_the_same_flag_only(
     assert ("did you mean" in err) == (suggested is not None), err
     if suggested:
         assert f"(did you mean {suggested}?)" in err
+
+
+@pytest.mark.parametrize("flag", ["--tee", "--redirects", "--log-dir", "-N"])
+def test_a_peer_flag_never_takes_the_next_option_as_its_value(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", "--dry-run", flag, "-np", "2", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} takes a value, not the option -np" in err, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher.stacks import format_stacks, group_stacks
+from launcher.topview import top_table
 from tests.conftest import run_dtrain, start_dtrain, wait_until_gone
 from tests.testhosts import TestHosts
 
@@ -188,3 +190,18 @@ def test_top_over_ssh(ssh_hosts: TestHosts, tmp_path: Path, mark: str) -> None:
     )
     check_top(rows, ["node1", "node2"])
     assert wait_until_gone(mark) == []
+
+
+@pytest.mark.parametrize("gpu_mib", [None, 1200])
+def test_top_at_80_columns_leaves_room_for_the_last_line(gpu_mib: int | None) -> None:
+    from rich.console import Console
+
+    row = {
+        "rank": 0, "host": "localhost", "pid": 23029, "state": "running", "cpu_percent": 12.5,
+        "rss_mib": 110.6, "gpu_mib": gpu_mib, "silent_s": 4.2, "last_line": "epoch 3 step 120",
+    }  # fmt: skip
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(top_table("20261125-124940-55dd0c", [row]))
+    shown = console.export_text()
+    assert "epoch 3 step" in shown, shown
+    assert ("gpu MiB" in shown) == (gpu_mib is not None)

@@ -24,9 +24,16 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 
 def on_terminal(
-    args: list[str], columns: int = 80, rows: int = 30, interrupt_after: str | None = None
+    args: list[str],
+    columns: int = 80,
+    rows: int = 30,
+    interrupt_after: str | None = None,
+    again_after: str | None = None,
+    keep_escapes: bool = False,
 ) -> tuple[int, str]:
-    """Run dtrain on a pty of that size; send SIGINT (Ctrl-C) once ``interrupt_after`` shows."""
+    """Run dtrain on a pty of that size; send SIGINT (Ctrl-C) once ``interrupt_after`` shows,
+    and again once ``again_after`` shows after that.  The screen comes back without its
+    escape sequences unless ``keep_escapes``."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
     env = {**child_env(), "TERM": "xterm-256color"}
@@ -36,7 +43,7 @@ def on_terminal(
         [*DTRAIN, *args], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=REPO
     )
     os.close(slave)
-    screen, sent = b"", interrupt_after is None
+    screen, sent, seen = b"", interrupt_after is None, 0
     while True:
         try:
             chunk = os.read(master, 65536)
@@ -51,9 +58,19 @@ def on_terminal(
         ):
             time.sleep(0.3)
             proc.send_signal(signal.SIGINT)
-            sent = True
+            sent, seen = True, len(screen)
+        elif (
+            again_after is not None
+            and sent
+            and interrupt_after is not None
+            and again_after.encode()
+            in ANSI.sub("", screen[seen:].decode("utf-8", "replace")).encode()
+        ):
+            proc.send_signal(signal.SIGINT)
+            again_after = None
     os.close(master)
-    return proc.wait(timeout=60), ANSI.sub("", screen.decode("utf-8", "replace"))
+    text = screen.decode("utf-8", "replace")
+    return proc.wait(timeout=60), text if keep_escapes else ANSI.sub("", text)
 
 
 BARS = (
@@ -164,6 +181,31 @@ def test_ctrl_c_says_what_it_does_and_how_to_hurry(mark: str) -> None:
     assert code == 130
     assert "dtrain: stopping 3 rank(s) (grace 5 s); Ctrl-C again to kill now" in screen
     assert "interrupted by SIGINT; stopped 3 ranks; dtrain exits 130" in screen
+    assert wait_until_gone(mark) == []
+
+
+def test_ctrl_c_twice_leaves_no_status_line_of_running_ranks(mark: str) -> None:
+    stubborn = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('up', os.environ['RANK'], flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    code, screen = on_terminal(
+        ["run", "-np", "3", "-x", f"DTRAIN_TEST_MARK={mark}", *py(stubborn)],
+        interrupt_after="[2] up 2",
+        again_after="Ctrl-C again to kill now",
+        keep_escapes=True,
+    )
+    assert code == 130
+    plain = ANSI.sub("", screen)
+    assert "(3 with SIGKILL at the second signal); dtrain exits 130" in plain.replace("\n", "")
+    ending = screen[screen.index("Ctrl-C again to kill now") :]
+    # The live area redraws its status line in bold; the status line printed when the view
+    # stops is plain: it said "3/3 running ..." above the summary, as the view was left at
+    # the second Ctrl-C before the ranks' ends came.
+    printed = re.findall(r"\x1b\[2K(?!\x1b\[1m)(dtrain(?: \S+)?: \d+/3 running[^\r\n]*)", ending)
+    assert printed == [], ANSI.sub("", ending)
     assert wait_until_gone(mark) == []
 
 
