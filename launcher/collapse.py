@@ -22,6 +22,8 @@ each rank's lines in order: the property the tests check on random interleavings
 
 from __future__ import annotations
 
+import bisect
+import math
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -65,19 +67,36 @@ class Collapsed:
 @dataclass(eq=False)
 class Block:
     """A batch of one rank's lines, held for the window; other ranks' same lines join its
-    lines (``joined``: line index -> every rank that said it, this block's rank first)."""
+    lines (``joined``: line index -> every rank that said it, this block's rank first).
+    Line i stands at position ``serial + i * step`` in the output's order."""
 
     rank: int
     stream: str
     lines: list[bytes]
     keys: list[bytes]
     first: float
-    serial: int  # its first line's; line i is serial + i (the order of everything held)
+    serial: float
+    step: float = 1.0
     joined: dict[int, list[int]] = field(default_factory=dict)
     joins_left: int = 0  # joins until every rank said every line
     index: dict[bytes, int] | None = None  # key -> its last line (made at the first join)
     shown: int = 0  # lines before this one were let out (every rank had said them)
     done: bool = False
+
+    def at(self, i: int) -> float:
+        return self.serial + i * self.step
+
+    def lines_upto(self, position: float) -> int:
+        """The end of its lines standing at ``position`` or before (at least one more)."""
+        count = len(self.lines)
+        if position == math.inf:
+            return count
+        end = min(count, max(self.shown + 1, math.floor((position - self.serial) / self.step) + 1))
+        while end < count and self.at(end) <= position:
+            end += 1
+        while end > self.shown + 1 and self.at(end - 1) > position:
+            end -= 1
+        return end
 
     def line_of(self, key: bytes) -> int:
         if self.index is None:
@@ -99,27 +118,42 @@ class Block:
         return out
 
 
+@dataclass
+class Track:
+    """One rank's lines on one stream: where its newest line stands, where its newest line
+    that another rank shares stands, and its held blocks after that one which no other rank
+    joined (free to move earlier, since nothing else depends on where they stand)."""
+
+    last: float = -math.inf
+    anchor: float = -math.inf
+    free: list[Block] = field(default_factory=list)
+
+
 class Collapser:
     """Feed it lines as they come; it gives back what to show, and when.
 
-    Lines come in batches (what a rank's reader got at once); a batch that no other rank's
-    held line matches is held whole as one ``Block``, with C-speed work per line only (its
-    keys into a dict), so a flood of distinct lines costs little.  A line matching another
-    rank's held line joins it, if that keeps the rank's order.
+    Every held line has a position; what comes out comes out in the order of positions,
+    and each rank's lines on a stream stand in the order it wrote them.  A line joins
+    another rank's same held line when that keeps the order: when the held line stands
+    after the rank's newest line, or after its newest shared line once its own lines since
+    (which no other rank depends on) are moved in front of it.  A batch that no held line
+    matches is held whole as one ``Block`` at the end, with C-speed work per line only (its
+    keys into a dict), so a flood of distinct lines costs little.
     """
 
     def __init__(self, world_size: int, window_s: float = DEFAULT_WINDOW_S) -> None:
         self.world_size = world_size
         self.window_s = window_s
-        self.pending: deque[Block] = deque()
+        self.pending: list[Block] = []  # by position
+        self.arrivals: deque[Block] = deque()  # by time: whose window closes next
         self.held = 0  # lines in ``pending``
         # stream -> key -> the newest block holding that key, in two generations (young,
         # old): when the young one has had MAX_HELD keys put in, it becomes the old one and
         # the old one goes, emitted blocks with it (a block still held is always in one).
         self.open: dict[str, tuple[dict[bytes, Block], dict[bytes, Block]]] = {}
         self.put = 0  # keys put in the young generations since they were made
-        self.last_serial: dict[int, int] = {}  # rank -> serial of its latest line
-        self.serial = 0
+        self.tracks: dict[tuple[int, str], Track] = {}
+        self.top = 0.0  # the next position at the end
 
     def add(self, rank: int, stream: str, text: bytes, now: float) -> list[Collapsed]:
         """One line of one rank: see ``add_lines``."""
@@ -130,96 +164,226 @@ class Collapser:
         joined, windows closed, or the oldest lines when too many are held)."""
         keys = keys_of(lines)
         young, old = self.open.get(stream) or self.open.setdefault(stream, ({}, {}))
-        joined = 0
-        if not (young.keys().isdisjoint(keys) and old.keys().isdisjoint(keys)):
-            joined = self.join(rank, young, old, keys)  # some line may join another rank's
-        if joined < len(lines):
-            self.hold(rank, stream, lines[joined:], keys[joined:], now)
+        track = self.tracks.get((rank, stream)) or self.tracks.setdefault((rank, stream), Track())
+        if young.keys().isdisjoint(keys) and old.keys().isdisjoint(keys):
+            self.hold_at_end(rank, stream, lines, keys, now, track)
+        else:
+            self.join_lines(rank, stream, lines, keys, now, track)
         return self.due(now)
 
-    def join(
-        self, rank: int, young: dict[bytes, Block], old: dict[bytes, Block], keys: list[bytes]
-    ) -> int:
-        """Join the batch's first lines to other ranks' held ones while that keeps this
-        rank's order; how many joined (the rest is held as a block of its own)."""
-        for count, key in enumerate(keys):
-            block = young.get(key) or old.get(key)
-            if block is None or block.done or block.rank == rank:
-                return count
-            i = block.line_of(key)
-            ranks = block.joined.setdefault(i, [block.rank])
-            if block.serial + i <= self.last_serial.get(rank, -1) or rank in ranks:
-                if len(ranks) == 1:
-                    del block.joined[i]
-                return count
-            ranks.append(rank)
-            block.joins_left -= 1
-            self.last_serial[rank] = block.serial + i
-        return len(keys)
-
-    def hold(
+    def join_lines(
         self,
         rank: int,
         stream: str,
         lines: list[bytes],
         keys: list[bytes],
         now: float,
+        track: Track,
     ) -> None:
-        block = Block(rank, stream, lines, keys, now, self.serial)
-        block.joins_left = len(lines) * (self.world_size - 1)
-        self.serial += len(lines)
-        self.last_serial[rank] = self.serial - 1
-        self.pending.append(block)
-        self.held += len(lines)
+        """Line by line: each joins another rank's held line where it can; the lines that
+        do not are held as blocks of their own, in front of the next line that joins."""
+        young, old = self.open[stream]
+        run: list[int] = []  # lines waiting for a place
+        for n, key in enumerate(keys):
+            block = young.get(key) or old.get(key)
+            if block is None or block.done or block.rank == rank:
+                run.append(n)
+                continue
+            i = block.line_of(key)
+            if i < block.shown:  # let out already
+                run.append(n)
+                continue
+            said = block.joined.get(i)
+            position = block.at(i)
+            if (said is not None and rank in said) or not self.make_room(position, track, len(run)):
+                run.append(n)
+                continue
+            if run:
+                run_lines, run_keys = [lines[j] for j in run], [keys[j] for j in run]
+                self.place(rank, stream, run_lines, run_keys, now, position)
+                run = []
+            self.join(rank, block, i, track)
+        if run:
+            self.hold_at_end(
+                rank, stream, [lines[j] for j in run], [keys[j] for j in run], now, track
+            )
+
+    def make_room(self, position: float, track: Track, waiting: int) -> bool:
+        """Can the rank's next line stand at ``position``, with ``waiting`` lines of it not
+        yet held in front?  When its newest line stands after it, its free blocks move in
+        front first, if they fit after its newest shared line."""
+        if position > track.last:
+            return spacing(track.last, position, waiting) is not None
+        track.free = [b for b in track.free if not b.done]  # those let out stay where they were
+        if position <= track.anchor or not track.free:
+            return False
+        count = sum(len(b.lines) for b in track.free)
+        room = spacing(track.anchor, position, count + waiting)
+        if room is None:
+            return False
+        at, step = room
+        for block in track.free:
+            self.pending.remove(block)
+            block.serial, block.step = at, step
+            at = block.at(len(block.lines))
+            bisect.insort(self.pending, block, key=next_position)
+        track.last, track.free = at - step, []
+        return True
+
+    def join(self, rank: int, block: Block, i: int, track: Track) -> None:
+        ranks = block.joined.setdefault(i, [block.rank])
+        ranks.append(rank)
+        block.joins_left -= 1
+        track.last = track.anchor = block.at(i)
+        track.free = []  # its lines so far stand before a shared one now
+        owner = self.tracks[block.rank, block.stream]
+        if owner.anchor < block.at(len(block.lines) - 1):
+            owner.anchor = block.at(len(block.lines) - 1)
+            owner.free = [b for b in owner.free if b.serial > block.serial]
+
+    def place(
+        self,
+        rank: int,
+        stream: str,
+        lines: list[bytes],
+        keys: list[bytes],
+        now: float,
+        before: float,
+    ) -> None:
+        """Lines of a rank held between its newest line and ``before``, where its next line
+        joins another rank's (``make_room`` said they fit)."""
+        track = self.tracks[rank, stream]
+        room = spacing(track.last, before, len(lines))
+        assert room is not None  # make_room checked it
+        block = Block(rank, stream, lines, keys, now, *room)
+        self.hold(block)
+        track.last = block.at(len(lines) - 1)
+        young = self.open[stream][0]
+        for key in keys:  # a block further on is the better one to join: keep it
+            if key not in young or young[key].done:
+                young[key] = block
+        self.put += len(keys)
+
+    def hold_at_end(
+        self,
+        rank: int,
+        stream: str,
+        lines: list[bytes],
+        keys: list[bytes],
+        now: float,
+        track: Track,
+    ) -> None:
+        block = Block(rank, stream, lines, keys, now, max(self.top, track.last + 1))
+        self.top = block.at(len(lines) - 1) + 1
+        track.last = self.top - 1
+        track.free.append(block)
+        self.hold(block)
         if self.put >= MAX_HELD:  # a new generation (every stream's: they share ``put``)
             self.open = {name: ({}, young) for name, (young, _) in self.open.items()}
             self.put = 0
         self.open[stream][0].update(zip(keys, repeat(block)))
         self.put += len(keys)
 
+    def hold(self, block: Block) -> None:
+        block.joins_left = len(block.lines) * (self.world_size - 1)
+        if not self.pending or next_position(self.pending[-1]) < block.serial:
+            self.pending.append(block)
+        else:
+            bisect.insort(self.pending, block, key=next_position)
+        self.arrivals.append(block)
+        self.held += len(block.lines)
+
     def due(self, now: float) -> list[Collapsed]:
-        """The blocks whose window closed (or that every rank joined), oldest first; the
-        oldest too when more than ``MAX_HELD`` lines wait (a flood comes out early)."""
-        out = []
-        while self.pending:
+        """What is due, in the order of positions: every line up to the last line of each
+        block whose window closed; the oldest too while more than ``MAX_HELD`` lines wait
+        (a flood comes out early); then the next lines that every rank has said."""
+        cut = -math.inf
+        arrivals = self.arrivals
+        while arrivals and (arrivals[0].done or arrivals[0].first + self.window_s <= now):
+            block = arrivals.popleft()
+            if not block.done:
+                cut = max(cut, block.at(len(block.lines) - 1))
+        out = self.emit_upto(cut)
+        while self.held > MAX_HELD:
             head = self.pending[0]
-            if head.joins_left > 0 and now - head.first < self.window_s and self.held <= MAX_HELD:
-                out += self.emit_said_by_all(head)
-                break
-            out += self.emit(self.pending.popleft())
+            out += self.emit_upto(head.at(len(head.lines) - 1))
+        return out + self.emit_said_by_all()
+
+    def emit_upto(self, cut: float) -> list[Collapsed]:
+        """Every held line standing at ``cut`` or before, in the order of positions (blocks
+        whose positions interleave come out line by line)."""
+        out: list[Collapsed] = []
+        pending = self.pending
+        while pending and pending[0].at(pending[0].shown) <= cut:
+            head = pending.pop(0)
+            limit = min(cut, next_position(pending[0]) if pending else math.inf)
+            out += self.let_out(head, head.lines_upto(limit))
         return out
 
-    def emit_said_by_all(self, block: Block) -> list[Collapsed]:
-        """The block's first lines that every rank has said: out now, not at the window."""
-        end = block.shown
-        while len(block.joined.get(end, ())) == self.world_size:
-            end += 1
-        if end == block.shown:
-            return []
+    def emit_said_by_all(self) -> list[Collapsed]:
+        """The first held lines that every rank has said: out now, not at the window."""
+        out: list[Collapsed] = []
+        pending = self.pending
+        while pending:
+            head = pending[0]
+            limit = next_position(pending[1]) if len(pending) > 1 else math.inf
+            end = head.shown
+            while (
+                end < len(head.lines)
+                and len(head.joined.get(end, ())) == self.world_size
+                and head.at(end) <= limit
+            ):
+                end += 1
+            if end == head.shown:
+                break
+            out += self.let_out(pending.pop(0), end)
+        return out
+
+    def let_out(self, block: Block, end: int) -> list[Collapsed]:
+        """The block's lines up to ``end`` (it was taken out of ``pending``: what is left of
+        it goes back in at its next line's position)."""
         out = block.items(block.shown, end)
         self.held -= end - block.shown
         block.shown = end
+        if end == len(block.lines):
+            block.done = True
+        else:
+            bisect.insort(self.pending, block, key=next_position)
         return out
 
     def flush(self) -> list[Collapsed]:
         """Everything still held (the job ended)."""
-        out = []
-        while self.pending:
-            out += self.emit(self.pending.popleft())
+        out = self.emit_upto(math.inf)
+        self.arrivals.clear()
         return out
 
     def next_due(self) -> float | None:
         """When the oldest block's window closes (None: nothing held)."""
-        return self.pending[0].first + self.window_s if self.pending else None
-
-    def emit(self, block: Block) -> list[Collapsed]:
-        block.done = True
-        self.held -= len(block.lines) - block.shown
-        return block.items(block.shown, len(block.lines))
+        while self.arrivals and self.arrivals[0].done:
+            self.arrivals.popleft()
+        return self.arrivals[0].first + self.window_s if self.arrivals else None
 
 
 HEADS = itemgetter(slice(0, 1))
 PREFIX_STARTS = b"[IWEF0123456789"  # the first bytes of the prefixes ``same_text`` knows
+
+
+def next_position(block: Block) -> float:
+    """Where the block's next line to show stands: what ``pending`` is sorted by."""
+    return block.serial + block.shown * block.step
+
+
+def spacing(after: float, before: float, count: int) -> tuple[float, float] | None:
+    """Where ``count`` lines go between two positions: the first one's and the step; None
+    when there is no room (or floating point has none left)."""
+    if before <= after:
+        return None
+    if after == -math.inf:
+        after = before - count - 1
+    step = (before - after) / (count + 1)
+    if count and not (after < after + step and after + count * step < before):
+        return None
+    return after + step, step
 
 
 def keys_of(lines: list[bytes]) -> list[bytes]:
