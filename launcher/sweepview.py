@@ -258,7 +258,8 @@ def format_results(
     """The results table: trial, parameters, state, exit code, time, every metric (the
     objective first), job; best first by ``objective``.  Wider than ``width`` (a terminal's),
     the job column gives way to a line that says how trials' jobs are named (``-tN-K``:
-    a rerun; ``--json`` has every job)."""
+    a rerun; ``--json`` has every job), and then the last metrics, one at a time (the
+    objective last of all), to a line naming them."""
     ordered = sort_rows(rows, objective, maximize)
     params = [name for name, _ in ordered[0].params] if ordered else []
     names = metric_names(ordered)
@@ -282,10 +283,16 @@ def format_results(
     lines = format_table(table)
     if width is None or max(len(line) for line in lines) <= width:
         return lines
-    return [
-        *format_table([row[:-1] for row in table]),
-        f"(a trial's logs: dtrain logs {sweep_id}-tN, N its number)",
-    ]
+    kept = len(names)
+    lines = format_table([row[:-1] for row in table])
+    while kept > 0 and max(len(line) for line in lines) > width:
+        kept -= 1
+        lines = format_table([row[: len(row) - 1 - len(names) + kept] for row in table])
+    notes = [f"(a trial's logs: dtrain logs {sweep_id}-tN, N its number)"]
+    if kept < len(names):
+        left = ", ".join(names[kept:])
+        notes.append(f"(too wide for the terminal: {left}; --json has every metric)")
+    return [*lines, *notes]
 
 
 def results_json(

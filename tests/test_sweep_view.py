@@ -120,3 +120,18 @@ def test_the_results_table_drops_the_job_column_on_a_narrow_terminal() -> None:
     assert narrow[0].split()[-1] == "loss" and len(narrow) == 4
     assert narrow[-1] == "(a trial's logs: dtrain logs 20261125-104109-b2f7bd-tN, N its number)"
     assert format_results(rows, "val_acc", True, width=200) == wide
+
+
+def test_the_results_table_drops_metrics_when_still_too_wide() -> None:
+    """80 columns: the README's example table (four metrics) was one character too wide
+    even without its job column, and the terminal wrapped its header."""
+    metrics = {"val_acc": 0.975, "epoch": 15.0, "loss": 0.0048, "final_val_acc": 0.975}
+    rows = [row(i, "succeeded", **metrics) for i in range(6)]
+    lines = format_results(rows, "val_acc", True, width=68, sweep_id="S")
+    assert all(len(line) <= 68 for line in lines[:-2]), lines
+    assert lines[0].split()[-2:] == ["val_acc", "epoch"]
+    assert lines[-2] == "(a trial's logs: dtrain logs S-tN, N its number)"
+    assert lines[-1] == "(too wide for the terminal: loss, final_val_acc; --json has every metric)"
+    tiny = format_results(rows, "val_acc", True, width=20, sweep_id="S")
+    assert tiny[0].split()[-1] == "time"  # every metric left out; parameters stay
+    assert tiny[-1].startswith("(too wide for the terminal: val_acc, epoch, loss,")
