@@ -179,6 +179,12 @@ class JobConfig:
         return self.ps is not None and self.ps.tf
 
     @property
+    def several_attempts(self) -> bool:
+        """The job may run more than one attempt: after a failure (--max-restarts), or when
+        the --host-discovery-script's hosts change (not counted as a restart)."""
+        return self.max_restarts > 0 or self.placement.host_discovery_script is not None
+
+    @property
     def standing_cluster(self) -> bool:
         """``dtrain ps`` without COMMAND: workers and ps serve, the coordinator is the user's."""
         return self.ps is not None and not self.command

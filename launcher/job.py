@@ -198,7 +198,7 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
     From the end of the first attempt on, a signal to dtrain (Ctrl-C, SIGTERM, dtrain stop)
     at any moment, between attempts too, means no more attempts."""
     outcome = attempt.run()
-    if not isinstance(outcome, Finished) or not attempt.config.max_restarts:
+    if not isinstance(outcome, Finished) or not attempt.config.several_attempts:
         return outcome
     signalled = threading.Event()
     with caught_signals(lambda signum: signalled.set(), enabled=True):
@@ -572,7 +572,7 @@ class Attempt:
         recorder = JobRecorder(job)
         recorder.write_plan(describe_specs(specs, hidden=self.extra.keys()))
         recorder.write_status("running", None)
-        if config.max_restarts:
+        if config.several_attempts:
             record_attempt(
                 job,
                 self.number,
@@ -682,7 +682,7 @@ class Attempt:
             if result is not None:
                 stopped = (job.path / STOP_MARK).exists()
                 recorder.finish(result, stopped, restarting=self.restarts_after(result))
-                if self.config.max_restarts:
+                if self.config.several_attempts:
                     record_attempt(job, self.number, attempt_record(result))
             self.finish_view(output, showing, supervisor.stop_requested, late)
 

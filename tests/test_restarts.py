@@ -386,6 +386,36 @@ def test_more_slots_from_the_discovery_script_grow_a_running_job(tmp_path: Path,
     assert wait_until_gone(mark) == []
 
 
+def test_a_discovery_script_change_restarts_without_max_restarts(tmp_path: Path, mark: str) -> None:
+    """A host change is not counted as a restart: it starts the job again even with
+    --max-restarts 0 (before, the attempt was stopped and dtrain exited 1 without a word)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    program = (
+        "import os, time\n"
+        "attempt = os.environ['DTRAIN_RESTART_COUNT']\n"
+        "print('attempt', attempt, 'of', os.environ['WORLD_SIZE'], flush=True)\n"
+        "time.sleep(60 if attempt == '0' else 0.5)\n"
+    )
+    proc = start_dtrain(
+        "run", "--host-discovery-script", str(script), "--grace", "1",
+        "-x", f"DTRAIN_TEST_MARK={mark}", sys.executable, "-c", program,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert [proc.stdout.readline().split("] ", 1)[1].strip() for _ in range(2)] == [
+        "attempt 0 of 2"
+    ] * 2
+    hosts.write_text("localhost:1\n")  # a slot less while the job runs
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "gives fewer slots on localhost (1 for 2 ranks): starting again on its hosts" in err
+    assert [line.split("] ", 1)[1] for line in out.splitlines()] == ["attempt 1 of 1"]
+    assert wait_until_gone(mark) == []
+
+
 def test_a_failed_chief_restarts_the_parameter_server_job(tmp_path: Path, mark: str) -> None:
     (tmp_path / "task.py").write_text(
         "import os, sys, time\n"
