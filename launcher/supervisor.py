@@ -160,6 +160,15 @@ class Supervisor:
                 self.settle()
                 self.transport.close()
                 self.output.finish_journals()  # the views are the job's to finish
+        ends = [
+            RankEnd(
+                r.spec.host.name,
+                r.status,
+                r.process.cause is not None,
+                self.ended_by_us(rank, r.status),
+            )
+            for rank, r in self.runs.items()
+        ]
         return JobResult(
             exit_code=state.exit_code,
             world_size=len(self.specs),
@@ -172,17 +181,8 @@ class Supervisor:
             kill_cause=self.kill_cause,
             timeout=state.timeout,
             rescale=state.rescale,
-            failed_hosts=failed_hosts(
-                [
-                    RankEnd(
-                        r.spec.host.name,
-                        r.status,
-                        r.process.cause is not None,
-                        self.ended_by_us(rank, r.status),
-                    )
-                    for rank, r in self.runs.items()
-                ]
-            ),
+            failed_hosts=failed_hosts(ends),
+            lost_hosts=frozenset(end.host for end in ends if end.lost),
         )
 
     def on_signal(self, signum: int) -> None:

@@ -465,3 +465,36 @@ def test_a_partitioned_host_is_left_out(ssh_hosts: TestHosts, mark: str) -> None
     second = sorted((r, size, host) for a, r, size, host, _ in attempts_seen(out) if a == 1)
     assert second == [("0", "2", "node1"), ("1", "2", "node3")]
     assert wait_until_gone(mark, timeout=30) == []  # node2's agent ended its rank by itself
+
+
+@pytest.mark.sshhosts
+def test_a_host_whose_ranks_all_died_is_left_out_at_once(ssh_hosts: TestHosts, mark: str) -> None:
+    """Every rank of node2 killed by a signal: node2 is left out, and the restart does not wait
+    for a lost host's agent (--host-timeout): its ranks told they ended (before: the restart
+    waited --host-timeout + --grace, 61 s here, long enough for the --blacklist-cooldown to
+    let node2 back although dtrain said it was left out)."""
+    program = (
+        "import os, signal, time\n"
+        "attempt, host = os.environ['DTRAIN_RESTART_COUNT'], os.uname().nodename\n"
+        "print('attempt', attempt, 'rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'],"
+        " 'on', host, flush=True)\n"
+        "if attempt == '0' and host == 'node2':\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # each dies by its own SIGKILL\n"
+        "    time.sleep(1)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(2)\n"
+    )
+    result = run_dtrain(
+        "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1:2,node2:2", "-np", "4",
+        "--min-np", "2", "--max-restarts", "1", "--restart-delay", "0",
+        "--blacklist-cooldown", "20", "--host-timeout", "60", "--ssh-timeout", "30",
+        "--grace", "1", "-x", f"DTRAIN_TEST_MARK={mark}", "python3", "-c", program,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "restart 1 of 1 in 0 s" in result.stderr
+    assert "dtrain: leaving out node2 (failed; back after 20 s)" in result.stderr
+    second = sorted(
+        line.split("] ", 1)[1] for line in result.stdout.splitlines() if "attempt 1" in line
+    )
+    assert second == [f"attempt 1 rank {r} of 2 on node1" for r in range(2)]
+    assert wait_until_gone(mark) == []
