@@ -229,6 +229,10 @@ def check_elastic(placement: PlacementConfig) -> None:
     low, high = placement.min_np, placement.max_np
     if low is not None and high is not None and low > high:
         raise UsageError(f"--min-np {low} is more than --max-np {high}", "swap them")
+    if high is not None and placement.np is not None and placement.np > high:
+        raise UsageError(
+            f"-np {placement.np} is more than --max-np {high}", "lower -np, or raise --max-np"
+        )
     if placement.host_discovery_script is not None and placement.hosts_given:
         raise UsageError(
             "--host-discovery-script and -H/--hostfile both given",
