@@ -179,6 +179,12 @@ class JobConfig:
         return self.ps is not None and self.ps.tf
 
     @property
+    def several_attempts(self) -> bool:
+        """The job may run more than one attempt: after a failure (--max-restarts), or when
+        the --host-discovery-script's hosts change (not counted as a restart)."""
+        return self.max_restarts > 0 or self.placement.host_discovery_script is not None
+
+    @property
     def standing_cluster(self) -> bool:
         """``dtrain ps`` without COMMAND: workers and ps serve, the coordinator is the user's."""
         return self.ps is not None and not self.command
@@ -223,6 +229,10 @@ def check_elastic(placement: PlacementConfig) -> None:
     low, high = placement.min_np, placement.max_np
     if low is not None and high is not None and low > high:
         raise UsageError(f"--min-np {low} is more than --max-np {high}", "swap them")
+    if high is not None and placement.np is not None and placement.np > high:
+        raise UsageError(
+            f"-np {placement.np} is more than --max-np {high}", "lower -np, or raise --max-np"
+        )
     if placement.host_discovery_script is not None and placement.hosts_given:
         raise UsageError(
             "--host-discovery-script and -H/--hostfile both given",

@@ -136,6 +136,11 @@ class Finished:
     master_port: int | None = None  # the attempt's rendezvous port (a restart takes another)
     failed_hosts: frozenset[str] = frozenset()  # remote hosts to leave out of a restart
 
+    @property
+    def lost_hosts(self) -> frozenset[str]:
+        """The failed hosts that were lost (cut off, agent silent): ranks may still run there."""
+        return self.result.lost_hosts & self.failed_hosts
+
 
 JobOutcome = DryRun | Finished
 
@@ -198,7 +203,7 @@ def run_attempts(attempt: Attempt) -> JobOutcome:
     From the end of the first attempt on, a signal to dtrain (Ctrl-C, SIGTERM, dtrain stop)
     at any moment, between attempts too, means no more attempts."""
     outcome = attempt.run()
-    if not isinstance(outcome, Finished) or not attempt.config.max_restarts:
+    if not isinstance(outcome, Finished) or not attempt.config.several_attempts:
         return outcome
     signalled = threading.Event()
     with caught_signals(lambda signum: signalled.set(), enabled=True):
@@ -223,19 +228,26 @@ def later_attempts(attempt: Attempt, outcome: Finished, signalled: threading.Eve
             attempt.record_end(outcome)
             return outcome
         cooldown = config.placement.blacklist_cooldown_s
+        if outcome.lost_hosts:
+            # A cut-off host's agent ends its ranks by itself after the host timeout and the
+            # grace: the next attempt waits that long, so no rank of this one runs any more.
+            # (A host whose ranks all died by a signal told us so: nothing to wait for.)
+            after = replace(
+                after, delay_s=max(after.delay_s, config.ssh.host_timeout_s + config.grace_s)
+            )
         attempt.frontend.notice(
             f"dtrain: {result.rescale}: starting again on its hosts (not counted as a restart)"
             if result.rescale
             else restart_notice(result, after, config.max_restarts, attempt.number)
         )
         charged, delay = after.attempt, after.delay_s
-        if outcome.failed_hosts:
+        # Announced: the failed hosts still left out when the next attempt starts (a cooldown
+        # shorter than the wait lets them back).
+        left_out = hosts_left_out(failed, time.monotonic() + delay, cooldown) & outcome.failed_hosts
+        if left_out:
             back = f"; back after {cooldown:g} s" if cooldown is not None else ""
-            hosts = ", ".join(sorted(outcome.failed_hosts))
+            hosts = ", ".join(sorted(left_out))
             attempt.frontend.notice(f"dtrain: leaving out {hosts} (failed{back})")
-            # A cut-off host's agent ends its ranks by itself after the host timeout and the
-            # grace: the next attempt waits that long, so no rank of this one runs any more.
-            delay = max(delay, config.ssh.host_timeout_s + config.grace_s)
         if signalled.wait(delay):
             attempt.frontend.notice("dtrain: signalled while waiting: no restart")
             attempt.record_end(outcome)
@@ -572,7 +584,7 @@ class Attempt:
         recorder = JobRecorder(job)
         recorder.write_plan(describe_specs(specs, hidden=self.extra.keys()))
         recorder.write_status("running", None)
-        if config.max_restarts:
+        if config.several_attempts:
             record_attempt(
                 job,
                 self.number,
@@ -682,7 +694,7 @@ class Attempt:
             if result is not None:
                 stopped = (job.path / STOP_MARK).exists()
                 recorder.finish(result, stopped, restarting=self.restarts_after(result))
-                if self.config.max_restarts:
+                if self.config.several_attempts:
                     record_attempt(job, self.number, attempt_record(result))
             self.finish_view(output, showing, supervisor.stop_requested, late)
 

@@ -372,6 +372,7 @@ def result_record(result: JobResult) -> dict[str, Any]:
     record = asdict(result)
     record.pop("statuses", None)
     record["failed_hosts"] = sorted(result.failed_hosts)
+    record["lost_hosts"] = sorted(result.lost_hosts)
     return record
 
 
@@ -389,6 +390,7 @@ def recorded_result(job: JobDir) -> JobResult | None:
                 if failure
                 else None,
                 "failed_hosts": frozenset(record.get("failed_hosts", ())),
+                "lost_hosts": frozenset(record.get("lost_hosts", ())),
             }
         )
     except TypeError:

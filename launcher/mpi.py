@@ -459,6 +459,7 @@ def mpi_hosts_lost(
         failure=failure,
         stopped=plan.world_size - 1,
         failed_hosts=frozenset(lost),
+        lost_hosts=frozenset(lost),
     )
 
 

@@ -218,7 +218,8 @@ restart_options = stacked(
     ),
     option(
         "--host-discovery-script",
-        "Run it before every attempt: it prints the hosts, one host[:slots] per line.",
+        "It prints the hosts, one host[:slots] per line; run before every attempt and every "
+        "3 s: when they change, the job starts again on them (not counted as a restart).",
         metavar="SCRIPT",
     ),
     option(

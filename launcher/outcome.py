@@ -61,6 +61,7 @@ class JobResult:
     sigkilled: int = 0  # ...of which had to be SIGKILLed
     kill_cause: str | None = None  # "after the 5 s grace", "at the second signal"
     failed_hosts: frozenset[str] = frozenset()  # lost, or every rank of it killed unasked
+    lost_hosts: frozenset[str] = frozenset()  # ...of which lost: their ranks may still run
     timeout: str | None = None  # a time limit stopped the job: why (exit code 124)
     rescale: str | None = None  # the discovery script's hosts changed: why (restarts at once)
 

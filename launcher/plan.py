@@ -268,7 +268,8 @@ def elastic_np(
         raise PlanError(
             f"{slots} slot(s) on the hosts left ({', '.join(f'{h.name}:{h.slots}' for h in hosts)})"
             f": fewer than the {floor} ranks the job needs",
-            "add hosts, or allow a smaller job with --min-np",
+            "add hosts, or "
+            + ("lower --min-np" if min_np is not None else "allow a smaller job with --min-np"),
         )
     return min(wanted, slots)
 

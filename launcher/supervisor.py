@@ -29,6 +29,7 @@ from launcher.command import LaunchSpec
 from launcher.outcome import JobResult, OutputSink, RankReport, RankState, build_rank_report
 from launcher.outlets import Fanout, Outlet
 from launcher.policy import (
+    Continue,
     Event,
     Finish,
     GraceExpired,
@@ -42,6 +43,7 @@ from launcher.policy import (
     StopAll,
     TimedOut,
     decide,
+    describe_status,
     failed_hosts,
     start_state,
 )
@@ -160,6 +162,15 @@ class Supervisor:
                 self.settle()
                 self.transport.close()
                 self.output.finish_journals()  # the views are the job's to finish
+        ends = [
+            RankEnd(
+                r.spec.host.name,
+                r.status,
+                r.process.cause is not None,
+                self.ended_by_us(rank, r.status),
+            )
+            for rank, r in self.runs.items()
+        ]
         return JobResult(
             exit_code=state.exit_code,
             world_size=len(self.specs),
@@ -172,17 +183,8 @@ class Supervisor:
             kill_cause=self.kill_cause,
             timeout=state.timeout,
             rescale=state.rescale,
-            failed_hosts=failed_hosts(
-                [
-                    RankEnd(
-                        r.spec.host.name,
-                        r.status,
-                        r.process.cause is not None,
-                        self.ended_by_us(rank, r.status),
-                    )
-                    for rank, r in self.runs.items()
-                ]
-            ),
+            failed_hosts=failed_hosts(ends),
+            lost_hosts=frozenset(end.host for end in ends if end.lost),
         )
 
     def on_signal(self, signum: int) -> None:
@@ -208,6 +210,8 @@ class Supervisor:
                 if event is None:
                     continue
             state, action = decide(state, event)
+            if isinstance(event, RankExited) and isinstance(action, Continue):
+                self.tell_left_behind(event, state)
             if isinstance(action, Finish):
                 return state
             if isinstance(action, Restart):
@@ -232,6 +236,21 @@ class Supervisor:
                 LOG.debug("SIGKILL to %d rank(s) %s", self.running, self.kill_cause)
                 self.signal_running(signal.SIGKILL)
                 deadline = self.clock.now() + KILL_WAIT_S
+
+    def tell_left_behind(self, event: RankExited, state: JobState) -> None:
+        """A parameter-server job goes on without a failed worker (or evaluator): say so."""
+        if not state.roles or state.stopping or event.status == 0 or self.on_stopping is None:
+            return
+        spec = self.runs[event.rank].spec
+        spent = (
+            f", no restart left (--restart-workers {self.worker_restarts})"
+            if self.worker_restarts and spec.role == "worker"
+            else ""
+        )
+        self.on_stopping(
+            f"dtrain: rank {event.rank} ({spec.role}) on {spec.host.name} failed "
+            f"({describe_status(event.status)}){spent}: the job goes on without it"
+        )
 
     def next_check(self) -> float | None:
         """When a time limit may next run out (None: none is set)."""

@@ -58,6 +58,14 @@ INVALID = [
         "--restart-workers is for --framework tf",
     ),
     (replace(BASE, ps=PsConfig(ps_hosts=" ")), "--ps-hosts: empty host list"),
+    (
+        replace(BASE, max_restarts=1, placement=PlacementConfig(min_np=3, max_np=2)),
+        "--min-np 3 is more than --max-np 2",
+    ),
+    (
+        replace(BASE, max_restarts=1, placement=PlacementConfig(np=2, max_np=1)),
+        "-np 2 is more than --max-np 1",
+    ),
     (replace(BASE, ps=PsConfig(worker_hosts="")), "--worker-hosts: empty host list"),
 ]
 

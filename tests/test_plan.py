@@ -345,7 +345,9 @@ def test_elastic_world_size(
 def test_elastic_world_size_below_the_minimum() -> None:
     with pytest.raises(
         PlanError, match=r"2 slot\(s\) on the hosts left \(h0:2\): fewer than the 4"
-    ):
+    ) as caught:
         elastic_np([Host("h0", 2)], 8, 4, None)
-    with pytest.raises(PlanError, match="fewer than the 8 ranks"):
+    assert caught.value.hint == "add hosts, or lower --min-np"  # (not: add the --min-np given)
+    with pytest.raises(PlanError, match="fewer than the 8 ranks") as caught:
         elastic_np([Host("h0", 4)], 8, None, None)  # no --min-np: the whole job or nothing
+    assert caught.value.hint == "add hosts, or allow a smaller job with --min-np"

@@ -344,6 +344,26 @@ def test_ps_output_is_tagged_by_role_and_task(mark: str) -> None:
     assert wait_until_gone(mark) == []
 
 
+def test_a_worker_that_fails_for_good_is_told(mark: str, tmp_path: Path) -> None:
+    """A worker failing once its --restart-workers budget is spent: the chief goes on, and
+    the terminal says so (before: not a word, and the job "succeeded")."""
+    script = (
+        "echo $ROLE_NAME count=$DTRAIN_RESTART_COUNT; "
+        "case $ROLE_NAME in ps) sleep 60;; chief) sleep 3;; worker) exit 9;; esac"
+    )
+    result = run_dtrain(
+        "ps", "--workers", "1", "--ps", "1", "--restart-workers", "1", "--grace", "1",
+        "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "dtrain: restarted rank 1 (worker) on localhost (restart 1)" in result.stderr
+    assert (
+        "dtrain: rank 1 (worker) on localhost failed (exit code 9), no restart left "
+        "(--restart-workers 1): the job goes on without it"
+    ) in result.stderr
+    assert wait_until_gone(mark) == []
+
+
 def test_a_restarted_worker_sees_its_restart_count(mark: str, tmp_path: Path) -> None:
     done = tmp_path / "restarted"  # the chief ends once the restarted worker has run
     script = (

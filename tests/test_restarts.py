@@ -386,6 +386,36 @@ def test_more_slots_from_the_discovery_script_grow_a_running_job(tmp_path: Path,
     assert wait_until_gone(mark) == []
 
 
+def test_a_discovery_script_change_restarts_without_max_restarts(tmp_path: Path, mark: str) -> None:
+    """A host change is not counted as a restart: it starts the job again even with
+    --max-restarts 0 (before, the attempt was stopped and dtrain exited 1 without a word)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    program = (
+        "import os, time\n"
+        "attempt = os.environ['DTRAIN_RESTART_COUNT']\n"
+        "print('attempt', attempt, 'of', os.environ['WORLD_SIZE'], flush=True)\n"
+        "time.sleep(60 if attempt == '0' else 0.5)\n"
+    )
+    proc = start_dtrain(
+        "run", "--host-discovery-script", str(script), "--grace", "1",
+        "-x", f"DTRAIN_TEST_MARK={mark}", sys.executable, "-c", program,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert [proc.stdout.readline().split("] ", 1)[1].strip() for _ in range(2)] == [
+        "attempt 0 of 2"
+    ] * 2
+    hosts.write_text("localhost:1\n")  # a slot less while the job runs
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "gives fewer slots on localhost (1 for 2 ranks): starting again on its hosts" in err
+    assert [line.split("] ", 1)[1] for line in out.splitlines()] == ["attempt 1 of 1"]
+    assert wait_until_gone(mark) == []
+
+
 def test_a_failed_chief_restarts_the_parameter_server_job(tmp_path: Path, mark: str) -> None:
     (tmp_path / "task.py").write_text(
         "import os, sys, time\n"
@@ -435,3 +465,36 @@ def test_a_partitioned_host_is_left_out(ssh_hosts: TestHosts, mark: str) -> None
     second = sorted((r, size, host) for a, r, size, host, _ in attempts_seen(out) if a == 1)
     assert second == [("0", "2", "node1"), ("1", "2", "node3")]
     assert wait_until_gone(mark, timeout=30) == []  # node2's agent ended its rank by itself
+
+
+@pytest.mark.sshhosts
+def test_a_host_whose_ranks_all_died_is_left_out_at_once(ssh_hosts: TestHosts, mark: str) -> None:
+    """Every rank of node2 killed by a signal: node2 is left out, and the restart does not wait
+    for a lost host's agent (--host-timeout): its ranks told they ended (before: the restart
+    waited --host-timeout + --grace, 61 s here, long enough for the --blacklist-cooldown to
+    let node2 back although dtrain said it was left out)."""
+    program = (
+        "import os, signal, time\n"
+        "attempt, host = os.environ['DTRAIN_RESTART_COUNT'], os.uname().nodename\n"
+        "print('attempt', attempt, 'rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'],"
+        " 'on', host, flush=True)\n"
+        "if attempt == '0' and host == 'node2':\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # each dies by its own SIGKILL\n"
+        "    time.sleep(1)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(2)\n"
+    )
+    result = run_dtrain(
+        "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1:2,node2:2", "-np", "4",
+        "--min-np", "2", "--max-restarts", "1", "--restart-delay", "0",
+        "--blacklist-cooldown", "20", "--host-timeout", "60", "--ssh-timeout", "30",
+        "--grace", "1", "-x", f"DTRAIN_TEST_MARK={mark}", "python3", "-c", program,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "restart 1 of 1 in 0 s" in result.stderr
+    assert "dtrain: leaving out node2 (failed; back after 20 s)" in result.stderr
+    second = sorted(
+        line.split("] ", 1)[1] for line in result.stdout.splitlines() if "attempt 1" in line
+    )
+    assert second == [f"attempt 1 rank {r} of 2 on node1" for r in range(2)]
+    assert wait_until_gone(mark) == []
