@@ -32,6 +32,7 @@ def rows_between(
                 "cpu_percent": cpu,
                 "rss_mib": round(now["rss"] / 2**20, 1) if "rss" in now else None,
                 "gpu_mib": now.get("gpu_mib"),
+                "gpu_percent": now.get("gpu_percent"),
                 "silent_s": now.get("silent_s"),
                 "last_line": now.get("last_line", ""),
                 **({"error": now["error"]} if "error" in now else {}),
@@ -59,7 +60,8 @@ def top_table(job_id: str, rows: list[dict[str, Any]]) -> Any:
     gpus = any(row["gpu_mib"] is not None for row in rows)
     for name, justify in (
         ("rank", "right"), ("host", "left"), ("pid", "right"), ("state", "left"),
-        ("cpu %", "right"), ("rss MiB", "right"), *([("gpu MiB", "right")] if gpus else []),
+        ("cpu %", "right"), ("rss", "right"),
+        *([("gpu", "right")] if gpus else []),
         ("quiet s", "right"),
     ):  # fmt: skip
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
@@ -71,8 +73,8 @@ def top_table(job_id: str, rows: list[dict[str, Any]]) -> Any:
             str(row["pid"] or "-"),
             row["state"],
             shown(row["cpu_percent"]),
-            shown(row["rss_mib"]),
-            *([shown(row["gpu_mib"])] if gpus else []),
+            mib_shown(row["rss_mib"]),
+            *([gpu_shown(row["gpu_mib"], row.get("gpu_percent"))] if gpus else []),
             shown(row["silent_s"]),
             row.get("error") or row["last_line"],
         )
@@ -81,3 +83,18 @@ def top_table(job_id: str, rows: list[dict[str, Any]]) -> Any:
 
 def shown(value: object) -> str:
     return "-" if value is None else str(value)
+
+
+def gpu_shown(mib: float | None, percent: float | None) -> str:
+    """A rank's GPU memory and the utilisation of its busiest GPU in one short cell."""
+    if mib is None:
+        return "-"
+    memory = mib_shown(mib)
+    return memory if percent is None else f"{memory} {percent:.0f}%"
+
+
+def mib_shown(mib: float | None) -> str:
+    """``110.6`` -> ``111M``, ``1200`` -> ``1.2G``."""
+    if mib is None:
+        return "-"
+    return f"{mib:.0f}M" if mib < 1024 else f"{mib / 1024:.1f}G"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from pathlib import Path
 
@@ -183,6 +184,31 @@ def test_top_once_as_json(tmp_path: Path, mark: str) -> None:
     assert wait_until_gone(mark) == []
 
 
+FAKE_SMI = """#!/bin/sh
+case "$1" in
+    --query-compute-apps=*)
+        for pid in $(pgrep -f busy.py); do echo "$pid, GPU-5f1e, 1200"; done ;;
+    --query-gpu=uuid,utilization.gpu) echo "GPU-5f1e, 37"; echo "GPU-77aa, 0" ;;
+    *) echo 0; echo 1 ;;
+esac
+"""
+
+
+def test_top_shows_gpu_memory_and_utilisation_where_nvidia_smi_answers(
+    tmp_path: Path, mark: str
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PATH", path)  # dtrain's own (the local ranks' figures are taken there)
+        rows = top_of_running_job("-np", "2", tmp_path=tmp_path, mark=mark)
+    assert [(r["gpu_mib"], r["gpu_percent"]) for r in rows] == [(1200, 37), (1200, 37)]
+    assert wait_until_gone(mark) == []
+
+
 @pytest.mark.sshhosts
 def test_top_over_ssh(ssh_hosts: TestHosts, tmp_path: Path, mark: str) -> None:
     rows = top_of_running_job(
@@ -198,10 +224,11 @@ def test_top_at_80_columns_leaves_room_for_the_last_line(gpu_mib: int | None) ->
 
     row = {
         "rank": 0, "host": "localhost", "pid": 23029, "state": "running", "cpu_percent": 12.5,
-        "rss_mib": 110.6, "gpu_mib": gpu_mib, "silent_s": 4.2, "last_line": "epoch 3 step 120",
+        "rss_mib": 110.6, "gpu_mib": gpu_mib, "gpu_percent": 37, "silent_s": 4.2,
+        "last_line": "epoch 3 step 120",
     }  # fmt: skip
     console = Console(width=80, record=True, file=io.StringIO())
     console.print(top_table("20261125-124940-55dd0c", [row]))
     shown = console.export_text()
     assert "epoch 3 step" in shown, shown
-    assert ("gpu MiB" in shown) == (gpu_mib is not None)
+    assert ("1.2G 37%" in shown) == (gpu_mib is not None)

@@ -103,31 +103,47 @@ def descendants(pid: int) -> "list[int]":
     return found
 
 
-def gpu_memory() -> "dict[int, int]":
-    """pid -> MiB of GPU memory it holds (nvidia-smi), where nvidia-smi answers."""
+def gpu_usage() -> "tuple[dict[int, int], dict[int, int]]":
+    """pid -> MiB of GPU memory it holds, and pid -> utilisation % of the busiest GPU it
+    uses (nvidia-smi; a process has no utilisation of its own), where nvidia-smi answers."""
+    apps = nvidia_smi("--query-compute-apps=pid,gpu_uuid,used_memory")
+    if not apps:
+        return {}, {}
+    busy = {row[0]: int(row[1]) for row in nvidia_smi("--query-gpu=uuid,utilization.gpu")
+            if len(row) == 2 and row[1].isdigit()}  # fmt: skip
+    memory: dict[int, int] = {}
+    percent: dict[int, int] = {}
+    for row in apps:
+        if len(row) != 3 or not row[0].isdigit() or not row[2].isdigit():
+            continue
+        pid = int(row[0])
+        memory[pid] = memory.get(pid, 0) + int(row[2])
+        if row[1] in busy:
+            percent[pid] = max(percent.get(pid, 0), busy[row[1]])
+    return memory, percent
+
+
+def nvidia_smi(query: str) -> "list[list[str]]":
+    """nvidia-smi's CSV answer to a query, split into fields (nothing where it cannot)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return {}
+        return []
     try:
         out = subprocess.run(
-            [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            [smi, query, "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=5,
             check=False,
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return {}
-    found: dict[int, int] = {}
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            found[int(parts[0])] = found.get(int(parts[0]), 0) + int(parts[1])
-    return found
+        return []
+    return [[part.strip() for part in line.split(",")] for line in out.splitlines()]
 
 
 def take_stats(watchdog_pid: int) -> dict:  # type: ignore[type-arg]
-    """What the rank's processes use now: CPU time (ticks), resident memory, GPU memory."""
+    """What the rank's processes use now: CPU time (ticks), resident memory, GPU memory and
+    utilisation."""
     pids = descendants(watchdog_pid)
     ticks, rss = 0, 0
     page = os.sysconf("SC_PAGE_SIZE")
@@ -140,8 +156,9 @@ def take_stats(watchdog_pid: int) -> dict:  # type: ignore[type-arg]
             ticks += int(fields[11]) + int(fields[12])
         except (OSError, ValueError, IndexError):
             continue
-    gpu = gpu_memory()
-    held = [gpu[p] for p in pids if p in gpu]
+    memory, percent = gpu_usage()
+    held = [memory[p] for p in pids if p in memory]
+    busy = [percent[p] for p in pids if p in percent]
     return {
         "pid": program_pid(watchdog_pid),
         "processes": len(pids),
@@ -149,6 +166,7 @@ def take_stats(watchdog_pid: int) -> dict:  # type: ignore[type-arg]
         "time": time.monotonic(),
         "rss": rss,
         "gpu_mib": sum(held) if held else None,
+        "gpu_percent": max(busy) if busy else None,
     }
 
 
