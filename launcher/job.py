@@ -322,7 +322,8 @@ def run_without_unreachable(attempt: Attempt, failed: dict[str, float]) -> JobOu
         try:
             return attempt.run()
         except HostConnectionError as exc:
-            if not exc.hosts or exc.hosts <= attempt.excluded:
+            signalled = attempt.cancelled is not None and attempt.cancelled.is_set()
+            if signalled or not exc.hosts or exc.hosts <= attempt.excluded:
                 raise
             attempt.frontend.notice(
                 f"dtrain: leaving out {', '.join(sorted(exc.hosts))} (unreachable: {exc.message})"
@@ -486,6 +487,29 @@ class Attempt:
     spent_s: float = 0.0  # the attempts before took this long (--timeout is for the whole job)
     charged: int = 0  # restarts after failures so far (what --max-restarts counts)
 
+    def survey_hosts(self, plan: Plan) -> Survey:
+        """The survey; in a restart, given up at once when a signal comes (connecting to a
+        host that stopped answering may take --ssh-timeout): what it opened later closes
+        when dtrain exits, and the hosts' agents go with their connections."""
+        if self.cancelled is None:
+            return self.survey(plan, self.config, self.environ, self.workdir)
+        done, found = threading.Event(), list[Survey | BaseException]()
+
+        def work() -> None:
+            try:
+                found.append(self.survey(plan, self.config, self.environ, self.workdir))
+            except BaseException as exc:  # raised again in the attempt's thread
+                found.append(exc)
+            done.set()
+
+        threading.Thread(target=work, name="dtrain-survey", daemon=True).start()
+        while not done.wait(0.05):
+            if self.cancelled.is_set():
+                raise LauncherError("dtrain was signalled while the restart was being prepared")
+        if isinstance(found[0], BaseException):
+            raise found[0]
+        return found[0]
+
     def run(self) -> JobOutcome:
         config = self.config
         plan = plan_job(config, self.environ, excluded=self.excluded)
@@ -496,7 +520,7 @@ class Attempt:
                 f"({', '.join(h.name for h in plan.hosts)}), not {self.world_size}",
                 "allow a smaller job with --min-np",
             )
-        surveyed = self.survey(plan, config, self.environ, self.workdir)
+        surveyed = self.survey_hosts(plan)
         try:
             if surveyed.site.remote_hosts and isinstance(config.placement.nproc_per_node, str):
                 plan = plan_job(config, self.environ, surveyed.site, self.excluded)  # counted

@@ -15,11 +15,10 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from launcher.command import is_python_script
 from launcher.config import JobConfig, SshConfig, check_host_sources
@@ -28,6 +27,7 @@ from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.plan import Cpu, Plan
 from launcher.remote.probe import cpus as probe_cpus
 from launcher.specs import Site
+from launcher.transport.base import run_parallel
 from launcher.transport.local import detect_local_gpus, find_free_ports, is_local_address
 from launcher.transport.slurm import Allocation
 
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 LOG = logging.getLogger("dtrain")  # --verbose shows it
 PHASE = logging.getLogger("dtrain.phase")  # what the survey is at: the terminal's status line
 
-T = TypeVar("T")
 GPU_BUSY_UTILIZATION = 5  # percent
 GPU_BUSY_MEMORY_MIB = 500
 
@@ -323,7 +322,7 @@ def probe_remote_hosts(
         return opened
 
     settings = ssh_settings(config.ssh)
-    opened = run_parallel_all(list(survey.connections), open_agent, settings.fanout)
+    opened = run_parallel(list(survey.connections), open_agent, settings.fanout)
     survey.agents = {
         n: pair[0] for n, pair in opened.items() if not isinstance(pair, BaseException)
     }
@@ -425,19 +424,6 @@ def check_local_program(
         )
 
 
-def run_parallel_all(
-    keys: Sequence[str], call: Callable[[str], T], fanout: int
-) -> dict[str, T | BaseException]:
-    """``call(key)`` for every key on a thread pool; each result, or the error it raised."""
-    with ThreadPoolExecutor(max_workers=max(1, min(fanout, len(keys)))) as pool:
-        futures = {key: pool.submit(call, key) for key in keys}
-    results: dict[str, T | BaseException] = {}
-    for key, future in futures.items():
-        error = future.exception()
-        results[key] = error if error is not None else future.result()
-    return results
-
-
 def check_hosts(
     hosts: Sequence[Host], ssh: SshConfig, environ: Mapping[str, str]
 ) -> list[dict[str, Any]]:
@@ -465,8 +451,11 @@ def check_hosts(
         except LauncherError as exc:
             return {"host": host.name, "ok": False, "error": str(exc)}
 
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
-        return list(pool.map(check_one, hosts))
+    rows = run_parallel(list(range(len(hosts))), lambda i: check_one(hosts[i]), 32)
+    for row in rows.values():
+        if isinstance(row, BaseException):
+            raise row
+    return [row for row in rows.values() if not isinstance(row, BaseException)]
 
 
 def summarize_host(

@@ -437,6 +437,40 @@ def test_a_failed_chief_restarts_the_parameter_server_job(tmp_path: Path, mark: 
 
 
 @pytest.mark.sshhosts
+def test_ctrl_c_while_a_restart_connects_ends_the_job_at_once(
+    ssh_hosts: TestHosts, mark: str
+) -> None:
+    from tests.test_failures import set_link
+
+    proc = start_dtrain(
+        "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2", "-np", "2",
+        "--max-restarts", "1", "--restart-delay", "1", "--ssh-timeout", "30", "--grace", "1",
+        *rank_args(mark),
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        err = ""
+        while "restart 1 of 1" not in err:
+            line = proc.stderr.readline()
+            assert line, err
+            err += line
+        set_link("node2", up=False)  # the restart's connection to node2 hangs until 30 s
+        time.sleep(3)  # the delay is over: the restart is connecting
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=60)
+        took_s = time.monotonic() - signalled
+    finally:
+        set_link("node2", up=True)
+    err += rest
+    assert took_s < 10, err  # not the 30 s of --ssh-timeout
+    assert proc.returncode == 3, err  # the attempt that ran: its failure
+    assert "signalled while the restart was being prepared" in err
+    assert "leaving out node2" not in err  # a signal is no reason to leave a host out
+    assert wait_until_gone(mark) == []
+
+
+@pytest.mark.sshhosts
 @pytest.mark.slow
 def test_a_partitioned_host_is_left_out(ssh_hosts: TestHosts, mark: str) -> None:
     from tests.test_failures import set_link

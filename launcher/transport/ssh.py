@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from launcher.command import LaunchSpec, build_remote_command
 from launcher.errors import HostConnectionError
 from launcher.hosts import Host
 from launcher.remote import agent, watchdog
-from launcher.transport.base import Stream
+from launcher.transport.base import Stream, run_parallel
 
 # paramiko logs its own tracebacks on failed connections; dtrain reports them in one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -473,15 +472,21 @@ def connect_all(
     """Connect to every host in parallel; all or nothing."""
     if not hosts:
         return {}
-    with ThreadPoolExecutor(max_workers=min(settings.fanout, len(hosts))) as pool:
-        futures = {h.name: pool.submit(connect, h, settings, config) for h in hosts}
+    by_name = {h.name: h for h in hosts}
+    found = run_parallel(
+        list(by_name), lambda n: connect(by_name[n], settings, config), settings.fanout
+    )
     connections: dict[str, SshConnection] = {}
     errors: dict[str, HostConnectionError] = {}
-    for name, future in futures.items():
-        try:
-            connections[name] = future.result()
-        except HostConnectionError as exc:
-            errors[name] = exc
+    for name, result in found.items():
+        if isinstance(result, HostConnectionError):
+            errors[name] = result
+        elif isinstance(result, BaseException):
+            for connection in (c for c in found.values() if isinstance(c, SshConnection)):
+                connection.close()
+            raise result
+        else:
+            connections[name] = result
     if errors:
         for connection in connections.values():
             connection.close()
