@@ -1,6 +1,7 @@
 """mpi4py's own test suite under mpirun and under dtrain run --mpi, side by side.
 
-    python benchmarks/mpi4py_suite.py [--np 4] [--tests test_spawn ...] [--ssh] [--write F]
+    python benchmarks/mpi4py_suite.py [--np 4] [--tests T ...] [--exclude T ...]
+        [--ssh [--slots 2]] [--limit S] [--write F]
 
 With ``--ssh``, both run over two SSH test hosts (tests/testhosts.py: sshd in network
 namespaces; root only) of 2 slots each, ranks placed by node (``--np 2``: one on each,
@@ -21,6 +22,7 @@ import io
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tarfile
@@ -44,16 +46,37 @@ def fetch_tests(version: str, into: Path) -> Path:
     return into / f"mpi4py-{version}"
 
 
-def timed(argv: list[str], cwd: Path) -> tuple[float, bool]:
+def timed(argv: list[str], cwd: Path, limit_s: float) -> tuple[float, bool]:
+    """Wall time and success of one run; a run past ``limit_s`` (a hang) is ended, with its
+    whole process group, and counts as failed."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     start = time.monotonic()
-    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    return time.monotonic() - start, done.returncode == 0
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        code = proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return time.monotonic() - start, False
+    return time.monotonic() - start, code == 0
 
 
-def ssh_commands(np: int, program: list[str], ssh_config: Path, cwd: Path) -> tuple[list, list]:  # type: ignore[type-arg]
+def ssh_commands(  # type: ignore[type-arg]
+    np: int, program: list[str], ssh_config: Path, cwd: Path, slots: int = 2
+) -> tuple[list, list]:
     """mpirun and dtrain over node1 and node2: mpirun with dtrain's own options for them."""
-    hosts = "node1:2,node2:2"  # ranks one host after the other; spare slots for spawn tests
+    hosts = f"node1:{slots},node2:{slots}"  # ranks by node; spare slots for spawn tests
     dtrain = [str(BIN / "dtrain"), "run", "--mpi", "--ssh-config", str(ssh_config)]
     dtrain += ["-np", str(np), "--map-by", "node", "-H", hosts, *program]
     plan = subprocess.run(
@@ -86,6 +109,9 @@ def main() -> None:
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tests", nargs="*", default=[])
+    parser.add_argument("--exclude", nargs="*", default=[], help="test modules left out")
+    parser.add_argument("--slots", type=int, default=2, help="with --ssh: slots per host")
+    parser.add_argument("--limit", type=float, default=900, help="seconds a run may take")
     parser.add_argument("--ssh", action="store_true", help="over two SSH test hosts")
     parser.add_argument("--write", type=Path, help="put the result into this markdown file")
     args = parser.parse_args()
@@ -93,6 +119,8 @@ def main() -> None:
 
     source = fetch_tests(mpi4py.__version__, Path(tempfile.mkdtemp()))
     program = ["python", "test/main.py", "-q", *args.tests]
+    for name in args.exclude:
+        program += ["-e", name]
     mpirun = [str(BIN / "mpirun"), "-np", str(args.np), "--oversubscribe", *program]
     if os.geteuid() == 0:
         mpirun.insert(1, "--allow-run-as-root")
@@ -103,13 +131,13 @@ def main() -> None:
         from tests.testhosts import TestHosts
 
         hosts = TestHosts(count=2).start()
-        mpirun, dtrain = ssh_commands(args.np, program, hosts.ssh_config, source)
+        mpirun, dtrain = ssh_commands(args.np, program, hosts.ssh_config, source, args.slots)
     results: dict[str, list[tuple[float, bool]]] = {"mpirun": [], "dtrain": []}
     load = os.getloadavg()[0]
     try:
         for _ in range(args.rounds):
-            results["mpirun"].append(timed(mpirun, source))
-            results["dtrain"].append(timed(dtrain, source))
+            results["mpirun"].append(timed(mpirun, source, args.limit))
+            results["dtrain"].append(timed(dtrain, source, args.limit))
     finally:
         if hosts is not None:
             hosts.stop()
@@ -126,9 +154,9 @@ def report(args, results, mpirun, dtrain, load, version) -> None:  # type: ignor
         return
     where = "two SSH test hosts (sshd in network namespaces)" if args.ssh else "this machine"
     row = (
-        f"| {where} | {args.np} | {' '.join(args.tests) or 'all'} | "
-        f"{', '.join(f'{t:.1f}' for t, _ in results['mpirun'])} | "
-        f"{', '.join(f'{t:.1f}' for t, _ in results['dtrain'])} | {ratio:.2f} | "
+        f"| {where} | {args.np} | {tests_named(args)} | "
+        f"{', '.join(shown(t, ok) for t, ok in results['mpirun'])} | "
+        f"{', '.join(shown(t, ok) for t, ok in results['dtrain'])} | {ratio:.2f} | "
         f"{'yes' if all(ok for runs in results.values() for _, ok in runs) else 'NO'} | "
         f"{time.strftime('%Y-%m-%d')}, load {load:.1f} |"
     )
@@ -139,6 +167,15 @@ def report(args, results, mpirun, dtrain, load, version) -> None:  # type: ignor
     body, sep, tail = rest.partition("\n## ")
     body = body.rstrip("\n") + "\n" + row + "\n"
     args.write.write_text(head + SECTION + body + (("\n## " + tail) if sep else ""))
+
+
+def shown(seconds: float, ok: bool) -> str:
+    return f"{seconds:.1f}" if ok else f"{seconds:.1f} (failed or hung)"
+
+
+def tests_named(args: argparse.Namespace) -> str:
+    named = " ".join(args.tests) or "all"
+    return named + "".join(f" but {name}" for name in args.exclude)
 
 
 SECTION = "## mpi4py's test suite: dtrain run --mpi vs mpirun"

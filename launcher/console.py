@@ -846,7 +846,7 @@ class TerminalFrontend:
     ) -> tuple[OutputSink, AbstractContextManager[Any]]:
         self.end_phases()
         if not self.config.as_json:
-            again = f", restart {attempt}" if attempt else ""
+            again = f", attempt {attempt}" if attempt else ""  # a host change is no restart
             self.notice(
                 f"dtrain: job {job_id} ({plan.world_size} ranks{again}); logs: dtrain logs {job_id}"
             )

@@ -437,6 +437,48 @@ def test_a_failed_chief_restarts_the_parameter_server_job(tmp_path: Path, mark: 
 
 
 @pytest.mark.sshhosts
+def test_a_discovery_script_removes_a_host_and_adds_it_back(
+    ssh_hosts: TestHosts, tmp_path: Path, mark: str
+) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1:1\nnode2:1\nnode3:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    # attempts 0 and 1 run until the hosts change; attempt 2 ends by itself
+    env = {**child_env(), "RUN_S": "0.5"}
+    program = RANK.replace(
+        'time.sleep(float(os.environ.get("RUN_S", "1")))',
+        'time.sleep(60 if attempt < 2 else float(os.environ["RUN_S"]))',
+    )
+    proc = start_dtrain(
+        "run", "--ssh-config", str(ssh_hosts.ssh_config), "--host-discovery-script", str(script),
+        "--min-np", "2", "--max-np", "3", "--max-restarts", "1", "--restart-delay", "0",
+        "--grace", "1", "-x", f"DTRAIN_TEST_MARK={mark}", "-x", "FAIL=exit",
+        "-x", "FAIL_ATTEMPTS=0", sys.executable, "-c", program, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = ""
+    for expected in (3, 2):  # every rank of the attempt runs: change the hosts
+        while len([a for a in attempts_seen(seen) if a[0] == 3 - expected]) < expected:
+            line = proc.stdout.readline()
+            assert line, seen
+            seen += line
+        hosts.write_text("node1:1\nnode3:1\n" if expected == 3 else "node1:1\nnode2:1\nnode3:1\n")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    runs = sorted((a, r, size, host) for a, r, size, host, _ in attempts_seen(seen + out))
+    assert runs == [
+        (0, "0", "3", "node1"), (0, "1", "3", "node2"), (0, "2", "3", "node3"),
+        (1, "0", "2", "node1"), (1, "1", "2", "node3"),
+        (2, "0", "3", "node1"), (2, "1", "3", "node2"), (2, "2", "3", "node3"),
+    ]  # fmt: skip
+    assert all(earlier == 0 for *_, earlier in attempts_seen(seen + out))  # none overlapped
+    assert "restart 1 of 1" not in err  # host changes are not counted as restarts
+    assert wait_until_gone(mark) == []
+
+
+@pytest.mark.sshhosts
 def test_ctrl_c_while_a_restart_connects_ends_the_job_at_once(
     ssh_hosts: TestHosts, mark: str
 ) -> None:
