@@ -194,9 +194,12 @@ class Collapser:
                 run.append(n)
                 continue
             said = block.joined.get(i)
-            position = block.at(i)
-            if (said is not None and rank in said) or not self.make_room(position, track, len(run)):
+            position = block.serial + i * block.step
+            if said is not None and rank in said:
                 run.append(n)
+                continue
+            if (run or position <= track.last) and not self.make_room(position, track, len(run)):
+                run.append(n)  # (without run, a line after the rank's newest joins at once)
                 continue
             if run:
                 run_lines, run_keys = [lines[j] for j in run], [keys[j] for j in run]
@@ -231,15 +234,21 @@ class Collapser:
         return True
 
     def join(self, rank: int, block: Block, i: int, track: Track) -> None:
-        ranks = block.joined.setdefault(i, [block.rank])
-        ranks.append(rank)
+        ranks = block.joined.get(i)
+        if ranks is None:
+            block.joined[i] = [block.rank, rank]
+        else:
+            ranks.append(rank)
         block.joins_left -= 1
-        track.last = track.anchor = block.at(i)
-        track.free = []  # its lines so far stand before a shared one now
+        track.last = track.anchor = block.serial + i * block.step
+        if track.free:
+            track.free = []  # its lines so far stand before a shared one now
+        end = block.serial + (len(block.lines) - 1) * block.step
         owner = self.tracks[block.rank, block.stream]
-        if owner.anchor < block.at(len(block.lines) - 1):
-            owner.anchor = block.at(len(block.lines) - 1)
-            owner.free = [b for b in owner.free if b.serial > block.serial]
+        if owner.anchor < end:
+            owner.anchor = end
+            if owner.free:
+                owner.free = [b for b in owner.free if b.serial > block.serial]
 
     def place(
         self,

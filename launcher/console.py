@@ -110,13 +110,13 @@ class LineView:
         file = self.files[stream]
         if file in self.broken:
             return
-        if any(line.endswith(b"\r") for line in lines):
-            lines = self.thin_bars((rank, stream), lines)
-            if not lines:
-                return
         marker = ("\n" + prefix).encode()
         block = marker[1:] + marker.join(lines) + b"\n"
-        if b"\r" in block:  # progress markers to drop: the slower, per-line way
+        if b"\r" in block:  # progress bars to thin and markers to drop: line by line
+            if any(line.endswith(b"\r") for line in lines):
+                lines = self.thin_bars((rank, stream), lines)
+                if not lines:
+                    return
             block = "".join(prefix + line + "\n" for line in decode_lines(lines)).encode()
         try:
             # One decode per batch; a bad UTF-8 sequence cannot swallow the "\n" after it.
