@@ -45,6 +45,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import read_stat
+
 RANKS = 8
 LINES = 200_000
 LINE_BYTES = 80
@@ -165,18 +168,6 @@ class Run:
     stdout: bytes
     stderr: bytes
     returncode: int
-
-
-def read_stat(pid: int) -> tuple[str, float] | None:
-    """(state, utime + stime in seconds) of ``pid`` itself (all its threads, no children)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return fields[0].decode(), (int(fields[11]) + int(fields[12])) / ticks
 
 
 def drain(fd: int, into: list[bytes]) -> None:
