@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -360,11 +361,12 @@ def resumed_sweep(options: dict[str, Any], root: Any) -> Any:
 
 def start_job(config: JobConfig) -> int:
     """Run the job here (or in the background with --detach) and print how it went."""
+    environ = dict(os.environ)
+    config = start_agent_early(config, environ)
     from launcher.config import validate_config
     from launcher.console import TerminalFrontend, format_dry_run, format_failure
     from launcher.job import DryRun, run_job
 
-    environ = dict(os.environ)
     if config.verbose:
         show_what_dtrain_does(sys.stderr)
     if config.detach and not config.dry_run:
@@ -413,6 +415,36 @@ def start_job(config: JobConfig) -> int:
 
 
 EXIT_WAIT_S = 5.0
+
+
+def start_agent_early(config: JobConfig, environ: dict[str, str]) -> JobConfig:
+    """A job on this machine alone: start its local agent now, so that the agent's start-up
+    runs while dtrain loads the rest of itself and plans (the config comes back with the
+    job id the agent carries).  Any other job starts its agents as it needs them."""
+    placement = config.placement
+    if (
+        config.dry_run
+        or config.detach
+        or config.mpi is not None
+        or config.env.env_files
+        or placement.host_lists
+        or placement.hostfile
+        or placement.host_discovery_script
+        or placement.transport == "slurm"
+        or "SLURM_JOB_ID" in environ
+    ):
+        return config
+    from launcher.env import resolve_env_args
+    from launcher.jobs import new_job_id
+    from launcher.transport import localagent
+
+    try:
+        extra = resolve_env_args(config.env.exports, (), environ)
+    except LauncherError:
+        return config  # said when the job is checked
+    job_id = config.job_id or new_job_id()
+    localagent.start_early({**environ, **extra, "DTRAIN_JOB_ID": job_id})
+    return replace(config, job_id=job_id)
 
 
 def show_what_dtrain_does(err: Any) -> None:

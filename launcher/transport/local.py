@@ -4,27 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from launcher import remote
 from launcher.command import LaunchSpec
 from launcher.errors import LauncherError
+from launcher.transport import localagent
 from launcher.transport.base import Stream
+from launcher.transport.localagent import LocalAgent
 
-WATCHDOG = remote.path("watchdog")
 NVIDIA_SMI_TIMEOUT_S = 10.0
 KILL_FALLBACK_S = 1.0  # SIGKILL the group ourselves if the watchdog has not done it
-LOST_POLL_S = 0.05  # without the local agent, how often to look for a watchdog's end
-AGENT_EXIT_S = 5.0  # the local agent exits at once when its socket closes; at most this
 
 
 def build_child_env(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]:
@@ -166,119 +162,6 @@ def read_report(fd: int) -> bytes:
     return data.strip()
 
 
-def process_alive(pid: int) -> bool:
-    """``pid`` runs (a zombie does not: no one may be left to reap it in a container)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
-class LocalAgent:
-    """``python -I -S watchdog.py --serve``: one process that forks every local rank's watchdog.
-
-    The ranks' pipes are made here and handed over on a Unix socket; the agent answers each
-    request with the watchdog's pid, and tells when a watchdog exits (it reaps them).  If the
-    agent itself is gone, a watchdog's end is seen as its pid leaving ``/proc``.
-    """
-
-    def __init__(self, python: str, env: Mapping[str, str]) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.popen = subprocess.Popen(
-                [python, "-I", "-S", str(WATCHDOG), "--serve"],
-                stdin=theirs.fileno(),
-                stdout=subprocess.DEVNULL,
-                env=dict(env),
-                start_new_session=True,  # a Ctrl-C at the terminal is the launcher's to handle
-            )
-        except OSError:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.sock = ours
-        self.lock = threading.Lock()  # one request at a time
-        self.answers: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-        self.exits: dict[int, int] = {}
-        self.changed = threading.Condition()
-        self.lost = False  # the agent is gone: no more exit reports
-        threading.Thread(target=self.listen, name="dtrain-local-agent", daemon=True).start()
-
-    def spawn(self, body: bytes, fds: list[int]) -> int:
-        """Ask for a watchdog with these pipe ends (sent, not closed); its pid."""
-        with self.lock:
-            if self.lost:
-                raise ConnectionError("dtrain's local agent is gone")
-            socket.send_fds(self.sock, [b"%010d" % len(body)], fds)
-            self.sock.sendall(body)
-            answer = self.answers.get()
-        if answer.startswith(b"!"):  # it could not fork
-            raise OSError(answer[1:].decode(errors="replace").strip())
-        if not answer.isdigit():
-            raise ConnectionError("dtrain's local agent is gone")
-        return int(answer)
-
-    def listen(self) -> None:
-        """Answers to requests go to ``spawn``; exit reports are kept for ``wait_exit``."""
-        buffered = b""
-        while True:
-            try:
-                chunk = self.sock.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            buffered += chunk
-            *lines, buffered = buffered.split(b"\n")
-            for line in lines:
-                if line.startswith(b"x "):
-                    _, pid, status = line.split()
-                    with self.changed:
-                        self.exits[int(pid)] = int(status)
-                        self.changed.notify_all()
-                else:
-                    self.answers.put(line)
-        with self.changed:
-            self.lost = True
-            self.changed.notify_all()
-        self.answers.put(b"")  # a request in flight gets no answer
-
-    def exit_status(self, pid: int) -> int | None:
-        with self.changed:
-            if pid in self.exits:
-                return self.exits[pid]
-            if self.lost and not process_alive(pid):
-                return -signal.SIGKILL  # reaped by another (the agent is gone): status unknown
-            return None
-
-    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
-        """The watchdog's exit status once it exited; None after ``timeout`` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self.changed:
-            while (status := self.exit_status(pid)) is None:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return None
-                # Without the agent nobody tells: look again now and then.
-                self.changed.wait(min(left or LOST_POLL_S, LOST_POLL_S) if self.lost else left)
-            return status
-
-    def close(self) -> None:
-        """Close the socket: the agent exits (the watchdogs live on, on their lifelines)."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        try:
-            self.popen.wait(AGENT_EXIT_S)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-
-
 class LocalTransport:
     """Starts ranks on this machine, each under a watchdog forked by one local agent."""
 
@@ -325,9 +208,7 @@ class LocalTransport:
             self.agent.close()  # reaped
             self.agent = None
         if self.agent is None:
-            # The agent carries the first rank's environment (the job's variables, -x): its
-            # watchdogs show them in /proc, as a job's processes are found.
-            self.agent = LocalAgent(self.python, env)
+            self.agent = localagent.take(env, self.python)
         return self.agent, self.agent.spawn(body, fds)
 
     def close(self) -> None:

@@ -1,0 +1,166 @@
+"""The local agent: one ``python -I -S watchdog.py --serve`` that forks every local rank's
+watchdog (light imports: it may start before the rest of dtrain is loaded).
+
+A job that runs on this machine alone starts its agent early (``start_early``), as soon
+as its options are read: the agent's own start-up (an interpreter, about 25 ms) then runs
+while dtrain imports and plans, instead of before the first rank.  The agent carries the
+launcher's environment, the job's ``-x`` variables and its ``DTRAIN_JOB_ID``, so the
+watchdogs it forks show them in ``/proc`` (a job's processes are found by them).
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
+from launcher import remote
+
+WATCHDOG = remote.path("watchdog")
+LOST_POLL_S = 0.05  # without the local agent, how often to look for a watchdog's end
+AGENT_EXIT_S = 5.0  # the local agent exits at once when its socket closes; at most this
+JOB_ID = "DTRAIN_JOB_ID"
+
+
+def process_alive(pid: int) -> bool:
+    """``pid`` runs (a zombie does not: no one may be left to reap it in a container)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+class LocalAgent:
+    """``python -I -S watchdog.py --serve``: one process that forks every local rank's watchdog.
+
+    The ranks' pipes are made here and handed over on a Unix socket; the agent answers each
+    request with the watchdog's pid, and tells when a watchdog exits (it reaps them).  If the
+    agent itself is gone, a watchdog's end is seen as its pid leaving ``/proc``.
+    """
+
+    def __init__(self, python: str, env: Mapping[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.popen = subprocess.Popen(
+                [python, "-I", "-S", str(WATCHDOG), "--serve"],
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                env=dict(env),
+                start_new_session=True,  # a Ctrl-C at the terminal is the launcher's to handle
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.python = python
+        self.job_id = env.get(JOB_ID)
+        self.lock = threading.Lock()  # one request at a time
+        self.answers: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self.exits: dict[int, int] = {}
+        self.changed = threading.Condition()
+        self.lost = False  # the agent is gone: no more exit reports
+        threading.Thread(target=self.listen, name="dtrain-local-agent", daemon=True).start()
+
+    def spawn(self, body: bytes, fds: list[int]) -> int:
+        """Ask for a watchdog with these pipe ends (sent, not closed); its pid."""
+        with self.lock:
+            if self.lost:
+                raise ConnectionError("dtrain's local agent is gone")
+            socket.send_fds(self.sock, [b"%010d" % len(body)], fds)
+            self.sock.sendall(body)
+            answer = self.answers.get()
+        if answer.startswith(b"!"):  # it could not fork
+            raise OSError(answer[1:].decode(errors="replace").strip())
+        if not answer.isdigit():
+            raise ConnectionError("dtrain's local agent is gone")
+        return int(answer)
+
+    def listen(self) -> None:
+        """Answers to requests go to ``spawn``; exit reports are kept for ``wait_exit``."""
+        buffered = b""
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buffered += chunk
+            *lines, buffered = buffered.split(b"\n")
+            for line in lines:
+                if line.startswith(b"x "):
+                    _, pid, status = line.split()
+                    with self.changed:
+                        self.exits[int(pid)] = int(status)
+                        self.changed.notify_all()
+                else:
+                    self.answers.put(line)
+        with self.changed:
+            self.lost = True
+            self.changed.notify_all()
+        self.answers.put(b"")  # a request in flight gets no answer
+
+    def exit_status(self, pid: int) -> int | None:
+        with self.changed:
+            if pid in self.exits:
+                return self.exits[pid]
+            if self.lost and not process_alive(pid):
+                return -signal.SIGKILL  # reaped by another (the agent is gone): status unknown
+            return None
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        """The watchdog's exit status once it exited; None after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.changed:
+            while (status := self.exit_status(pid)) is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                # Without the agent nobody tells: look again now and then.
+                self.changed.wait(min(left or LOST_POLL_S, LOST_POLL_S) if self.lost else left)
+            return status
+
+    def close(self) -> None:
+        """Close the socket: the agent exits (the watchdogs live on, on their lifelines)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            self.popen.wait(AGENT_EXIT_S)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+EARLY: list[LocalAgent] = []  # started by ``start_early``, not yet taken by a transport
+
+
+def start_early(env: Mapping[str, str], python: str = sys.executable) -> None:
+    """Start the agent of the job whose ``DTRAIN_JOB_ID`` ``env`` carries, before its ranks
+    are known; its transport takes it (``take``), or it exits with dtrain (its socket
+    closes).  Best effort: an agent that cannot start now is started again when needed."""
+    try:
+        EARLY.append(LocalAgent(python, env))
+    except OSError:
+        pass
+
+
+def take(env: Mapping[str, str], python: str) -> LocalAgent:
+    """The agent for a job's first local rank (``env``: its environment): the one started
+    early for this job if there is one, else a new one carrying ``env``."""
+    while EARLY:
+        agent = EARLY.pop()
+        if agent.job_id == env.get(JOB_ID) and agent.python == python and not agent.lost:
+            return agent
+        agent.close()  # another job's, or gone
+    return LocalAgent(python, env)
