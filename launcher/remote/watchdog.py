@@ -226,32 +226,35 @@ def watch_control(pgid: int, grace_s: float) -> None:
 
 
 def start_program(argv: list[str]) -> int:
-    pid = os.fork()
-    if pid:
-        return pid
+    """Start the program in our group (``posix_spawnp``: a vfork, not a copy of this
+    interpreter); its pid.  When it cannot start, this says why on the rank's stderr and
+    ends the watchdog as a shell would: 127 not found, 126 not runnable."""
+    cpus = os.environ.get("DTRAIN_CPUS")  # --bind-to: we are the rank's; the program inherits it
+    if cpus:
+        try:
+            os.sched_setaffinity(0, [int(cpu) for cpu in cpus.split(",")])
+        except (OSError, ValueError) as exc:
+            os.write(2, f"dtrain: cannot bind to CPUs {cpus}: {exc}\n".encode())
+            not_started(126)
     try:
-        # Python ignores SIGPIPE and SIGXFSZ; the program must get the defaults.
-        for signum in (*STOP_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(signum, signal.SIG_DFL)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        bind_cpus(os.environ.get("DTRAIN_CPUS"))
-        os.execvp(argv[0], argv)
+        return os.posix_spawnp(
+            argv[0],
+            argv,
+            os.environ,
+            # Python ignores SIGPIPE and SIGXFSZ; the program must get the defaults.
+            setsigdef=(*STOP_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ),
+            file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)],
+        )
     except OSError as exc:
         os.write(2, f"dtrain: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
-        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+        not_started(127 if isinstance(exc, FileNotFoundError) else 126)
     return 0  # not reached
 
 
-def bind_cpus(cpus: "str | None") -> None:  # runs on Python 3.9 too
-    """--bind-to: the program and all it starts run on these CPUs only."""
-    if not cpus:
-        return
-    try:
-        os.sched_setaffinity(0, [int(cpu) for cpu in cpus.split(",")])
-    except (OSError, ValueError) as exc:
-        os.write(2, f"dtrain: cannot bind to CPUs {cpus}: {exc}\n".encode())
-        os._exit(126)
+def not_started(code: int) -> None:
+    """The program could not start: nothing of the rank runs; end with ``code``."""
+    report(code)
+    os._exit(code)
 
 
 def status_of(wait_status: int) -> int:
