@@ -24,14 +24,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from launcher.command import LaunchSpec
 from launcher.config import JobConfig
-from launcher.outcome import Stream
+from launcher.outcome import STREAMS, Stream
 from launcher.plan import Plan
 from launcher.specs import Site
 from launcher.survey import Survey
+from launcher.transport.base import RankFeed
+from launcher.transport.feeds import Pump
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,38 @@ class SimProcess:
         self.status: int | None = None
         self.signals: list[int] = []
         self.running = False
+        self.fed: RankFeed | None = None  # attached: output and exits go there
+        self.told: set[str] = set()
+
+    def attach(self, feed: RankFeed) -> None:
+        """Output to ``feed`` through the transport's pump, the start and the exit straight
+        from the scheduler's thread (as over SSH)."""
+        with self.lock:
+            self.fed = feed
+            for data in self.output:
+                self.sim.pump.put(partial(feed.feed, "stdout"), data)
+            self.output.clear()
+            if self.status is not None:
+                self.end_streams(feed)
+        self.tell()
+
+    def end_streams(self, feed: RankFeed) -> None:
+        for stream in STREAMS:
+            self.sim.pump.put(partial(feed.feed, stream), b"")
+
+    def tell(self) -> None:
+        feed = self.fed
+        if feed is None:
+            return
+        with self.lock:
+            began = self.started.is_set() and "began" not in self.told
+            exited = self.status is not None and "exited" not in self.told
+            self.told.update(["began"] * began + ["exited"] * exited)
+        if began:
+            feed.began()
+        if exited:
+            assert self.status is not None
+            feed.exited(self.status)
 
     def begin(self) -> None:
         """The host answered: the rank runs and prints its lines."""
@@ -113,9 +148,14 @@ class SimProcess:
             self.pid = self.assigned_pid
             self.running = True
             line = self.hosts.line + b" rank %d\n" % self.spec.rank
-            self.output.append(line * self.hosts.lines)
+            feed = self.fed
+            if feed is None:
+                self.output.append(line * self.hosts.lines)
+            else:
+                self.sim.pump.put(partial(feed.feed, "stdout"), line * self.hosts.lines)
             self.output_ready.notify_all()
         self.started.set()
+        self.tell()
         self.sim.count_started()
         hosts = self.hosts
         if hosts.fail_rank == self.spec.rank:
@@ -128,9 +168,12 @@ class SimProcess:
             if self.status is not None:
                 return
             self.status = status
+            if self.fed is not None:
+                self.end_streams(self.fed)
             self.output_ready.notify_all()
         self.started.set()
         self.ended.set()
+        self.tell()
         self.sim.count_ended(self.spec.rank, status)
 
     def read(self, stream: Stream, size: int) -> bytes:
@@ -169,6 +212,7 @@ class SimTransport:
         self.hosts = hosts
         self.rng = random.Random(hosts.seed)
         self.scheduler = Scheduler()
+        self.pump = Pump("sim-output")  # dtrain's: feeds every rank's output, as over SSH
         self.processes: dict[int, SimProcess] = {}
         self.lock = threading.Lock()
         self.first_start: float | None = None
@@ -213,6 +257,7 @@ class SimTransport:
     def close(self) -> None:
         self.closed = True
         self.scheduler.stop()
+        self.pump.close()
 
 
 def sim_survey(plan: Plan, config: JobConfig, environ: Mapping[str, str], workdir: str) -> Survey:

@@ -65,9 +65,14 @@ def open_private(path: Path, mode: str = "ab") -> BinaryIO:
 
 def write_json(path: Path, value: object) -> None:
     """Replace ``path`` atomically (readers never see half a file), readable by its owner only."""
+    write_text(path, json.dumps(value, indent=1))
+
+
+def write_text(path: Path, text: str) -> None:
+    """``write_json`` for JSON already encoded."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open_private(temporary, "wb") as f:
-        f.write(json.dumps(value, indent=1).encode())
+        f.write(text.encode())
     os.replace(temporary, path)
 
 
@@ -247,7 +252,7 @@ class JobRecorder:
         self.files_closed = False  # the job ended: a late line opens its file for itself
         self.files: dict[str, BinaryIO] = {}
         self.failed = False
-        self.ranks: dict[int, RankState] = {}
+        self.ranks: dict[int, str] = {}  # each rank's state, as status.json shows it (JSON)
         self.launcher_pid = os.getpid()
         self.launcher_start = process_start(self.launcher_pid)
         # A restart's recorder keeps the job's start: `dtrain jobs` times all its attempts.
@@ -283,8 +288,9 @@ class JobRecorder:
             self.failed = True
 
     def update(self, state: RankState) -> None:
+        encoded = json.dumps(vars(state))  # a flat record: each state encoded once, not per write
         with self.status_lock:
-            self.ranks[state.rank] = state
+            self.ranks[state.rank] = encoded
             wait_s = self.status_written + self.status_every_s - time.monotonic()
             if wait_s > 0:
                 if self.pending is None:
@@ -310,21 +316,20 @@ class JobRecorder:
 
     def write_status(self, state: str, exit_code: int | None) -> None:
         self.status_written = time.monotonic()
-        write_json(
-            self.job.path / "status.json",
-            {
-                "id": self.job.id,
-                "state": state,
-                "exit_code": exit_code,
-                "launcher_pid": self.launcher_pid,
-                "launcher_start": self.launcher_start,
-                "launcher_host": socket.gethostname(),
-                "started": self.started,
-                "updated": self.clock(),
-                "ranks": {str(r): asdict(s) for r, s in sorted(self.ranks.items())},
-                **({"result": self.result} if self.result is not None else {}),
-            },
-        )
+        head = {
+            "id": self.job.id,
+            "state": state,
+            "exit_code": exit_code,
+            "launcher_pid": self.launcher_pid,
+            "launcher_start": self.launcher_start,
+            "launcher_host": socket.gethostname(),
+            "started": self.started,
+            "updated": self.clock(),
+            **({"result": self.result} if self.result is not None else {}),
+        }
+        ranks = ",\n".join(f'"{r}": {s}' for r, s in sorted(self.ranks.items()))
+        text = json.dumps(head, indent=1)[:-2] + ',\n "ranks": {\n' + ranks + "\n}\n}"
+        write_text(self.job.path / "status.json", text)
 
     def close_files(self) -> None:
         self.files_closed = True

@@ -87,33 +87,50 @@ def split_lines(buf: bytes) -> list[bytes]:
 LineSink = Callable[[list[bytes]], None]
 
 
+class LinePump:
+    """One stream's bytes as they come -> whole lines to ``on_lines``; a raw copy of every
+    chunk to ``raw_copy``.  Whoever reads the stream calls ``feed`` and, at its end, ``finish``."""
+
+    def __init__(self, on_lines: LineSink, raw_copy: BinaryIO | None = None) -> None:
+        self.on_lines = on_lines
+        self.raw_copy = raw_copy
+        self.framer = LineFramer()
+
+    def feed(self, chunk: bytes) -> None:
+        self.raw_copy = copy_chunk(self.raw_copy, chunk)
+        lines = self.framer.feed(chunk)
+        if lines:
+            self.on_lines(lines)
+
+    def finish(self) -> None:
+        """The stream ended: its last line (even without a newline) goes on; the copy closes."""
+        try:
+            tail = self.framer.finish()
+            if tail:
+                self.on_lines(tail)
+        finally:
+            if self.raw_copy is not None:
+                try:
+                    self.raw_copy.close()
+                except OSError:
+                    pass
+                self.raw_copy = None
+
+
 def pump_stream(
     read: Callable[[int], bytes],
     on_lines: LineSink,
     raw_copy: BinaryIO | None = None,
 ) -> None:
     """Read until EOF, handing whole lines to ``on_lines``; a raw copy goes to ``raw_copy``."""
-    framer = LineFramer()
+    pump = LinePump(on_lines, raw_copy)
     try:
-        while True:
-            chunk = read(READ_BYTES)
-            if not chunk:
-                break
-            raw_copy = copy_chunk(raw_copy, chunk)
-            lines = framer.feed(chunk)
-            if lines:
-                on_lines(lines)
+        while chunk := read(READ_BYTES):
+            pump.feed(chunk)
     except OSError:
         pass  # the stream went away with its process: what was read is kept
     finally:
-        tail = framer.finish()
-        if tail:
-            on_lines(tail)
-        if raw_copy is not None:
-            try:
-                raw_copy.close()
-            except OSError:
-                pass
+        pump.finish()
 
 
 def copy_chunk(raw_copy: BinaryIO | None, chunk: bytes) -> BinaryIO | None:

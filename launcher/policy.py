@@ -108,7 +108,7 @@ class Failure:
 
 @dataclass(frozen=True)
 class JobState:
-    running: frozenset[int]
+    running: int  # ranks still running (each rank's exit comes once: a count, not a set)
     failure: Failure | None = None  # the first rank that failed
     interrupt: int | None = None  # the signal that stopped dtrain
     stopping: bool = False
@@ -150,13 +150,13 @@ def describe_status(status: int) -> str:
 
 
 def start_state(
-    ranks: frozenset[int],
+    ranks: Collection[int],
     roles: Mapping[int, str] | None = None,
     worker_restarts: int = 0,
 ) -> JobState:
     roles = dict(roles or {})
     budget = {r: worker_restarts for r, role in roles.items() if role == "worker"}
-    return JobState(running=ranks, roles=roles, restarts_left=budget)
+    return JobState(running=len(ranks), roles=roles, restarts_left=budget)
 
 
 def decide(state: JobState, event: Event) -> tuple[JobState, Action]:
@@ -171,7 +171,7 @@ def decide(state: JobState, event: Event) -> tuple[JobState, Action]:
     if isinstance(event, RankExited) and state.roles and not state.stopping:
         return decide_by_role(state, event)
     if isinstance(event, RankExited):
-        state = replace(state, running=state.running - {event.rank})
+        state = replace(state, running=state.running - 1)
         failure = Failure(event.rank, event.status, event.time)
         if event.status != 0 and state.failure is None and not state.stopping:
             state = replace(state, failure=failure, stopping=True)
@@ -204,7 +204,7 @@ def decide_by_role(state: JobState, event: RankExited) -> tuple[JobState, Action
     if role == "worker" and event.status != 0 and left > 0:
         budget = {**state.restarts_left, event.rank: left - 1}
         return replace(state, restarts_left=budget), Restart(event.rank)
-    state = replace(state, running=state.running - {event.rank})
+    state = replace(state, running=state.running - 1)
     if role == "chief":
         failure = Failure(event.rank, event.status) if event.status != 0 else None
         state = replace(state, chief_status=event.status, failure=failure, stopping=True)

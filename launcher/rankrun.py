@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from launcher.command import LaunchSpec
-from launcher.logs import pump_stream
+from launcher.logs import LinePump, LineSink, pump_stream
 from launcher.outcome import STREAMS, RankState, Stream, keep_tail, new_tails
 from launcher.outlets import Fanout
 from launcher.transport.base import Process
@@ -76,16 +76,24 @@ class RankRun:
         self.last_output = self.now()  # when it last printed (--hang-timeout, dtrain top)
         self.last_line = b""
         self.started = not hasattr(process, "started")  # a remote rank's start comes later
+        self.pumps: dict[Stream, LinePump] = {}  # the streams' framing, when fed (``attach``)
 
     def watch(self, output_dir: Path | None, append: bool = False) -> None:
-        """Start a reader per stream and a waiter; ``output_dir`` gets raw copies of the streams."""
+        """Have the streams read and the exit awaited: by the transport's own threads where
+        its process can be attached (``feed``, ``began``, ``exited``), else by a reader per
+        stream and a waiter.  ``output_dir`` gets raw copies of the streams."""
         append = append or self.state.restarts > 0  # a restart appends to earlier runs' copies
+        copies = {s: open_copy(output_dir, self.spec.rank, s, append) for s in STREAMS}
+        attach = getattr(self.process, "attach", None)
+        if attach is not None:
+            self.pumps = {s: LinePump(self.lines_of(s), copies[s]) for s in STREAMS}
+            attach(self)
+            return
         for stream in STREAMS:
-            copy = open_copy(output_dir, self.spec.rank, stream, append)
-            threading.Thread(target=self.pump, args=(stream, copy), daemon=True).start()
+            threading.Thread(target=self.pump, args=(stream, copies[stream]), daemon=True).start()
         threading.Thread(target=self.wait, daemon=True).start()
 
-    def pump(self, stream: Stream, copy: BinaryIO | None) -> None:
+    def lines_of(self, stream: Stream) -> LineSink:
         tail = self.tails[stream]
 
         def on_lines(lines: list[bytes]) -> None:
@@ -94,8 +102,29 @@ class RankRun:
             keep_tail(tail, lines)
             self.output.post_lines(self.spec, stream, lines)
 
-        pump_stream(lambda size: self.process.read(stream, size), on_lines, copy)
+        return on_lines
+
+    def pump(self, stream: Stream, copy: BinaryIO | None) -> None:
+        pump_stream(lambda size: self.process.read(stream, size), self.lines_of(stream), copy)
         self.post(StreamEnd(self))
+
+    # -- fed by the transport (``attach``) ---------------------------------
+
+    def feed(self, stream: Stream, data: bytes) -> None:
+        pump = self.pumps[stream]
+        if data:
+            pump.feed(data)
+            return
+        try:
+            pump.finish()
+        finally:
+            self.post(StreamEnd(self))
+
+    def began(self) -> None:
+        self.post(Started(self))
+
+    def exited(self, status: int) -> None:
+        self.post(Exit(self, status, self.wall()))
 
     def wait(self) -> None:
         started = getattr(self.process, "started", None)  # a remote rank's pid comes later

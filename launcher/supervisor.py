@@ -136,6 +136,7 @@ class Supervisor:
         self.events: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self.runs: dict[int, RankRun] = {}  # the current run of each rank
         self.retired: list[RankRun] = []  # earlier runs of restarted ranks
+        self.open_streams = 0  # of every run, retired ones included
         self.stop_requested = False
         self.killed = False
         self.stopped: set[int] = set()  # ranks this supervisor had to signal
@@ -315,6 +316,7 @@ class Supervisor:
         run = message.run
         if isinstance(message, StreamEnd):
             run.open_streams -= 1
+            self.open_streams -= 1
             return None
         if isinstance(message, Started):
             run.started = True
@@ -345,8 +347,7 @@ class Supervisor:
         everything may hold one open); what was read is in the outlets already.
         """
         end = self.clock.now() + DRAIN_S
-        runs = [*self.runs.values(), *self.retired]
-        while any(run.open_streams for run in runs) and self.clock.now() < end:
+        while self.open_streams and self.clock.now() < end:
             message = self.clock.take(self.events, end - self.clock.now())
             if message is not None:
                 self.handle(message)
@@ -368,6 +369,7 @@ class Supervisor:
             spec, process, state, self.events.put, self.output, self.clock.wall, self.clock.now
         )
         self.runs[spec.rank] = run
+        self.open_streams += run.open_streams
         LOG.debug("rank %d started on %s (pid %s)", spec.rank, spec.host.name, process.pid)
         self.output.post_state(state)
         run.watch(self.output_dir, append=self.append_output)

@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypeVar
 from launcher.command import LaunchSpec
 from launcher.outcome import Stream
 
-__all__ = ["Process", "RoutedTransport", "Stream", "Transport", "run_parallel"]
+__all__ = ["Process", "RankFeed", "RoutedTransport", "Stream", "Transport", "run_parallel"]
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -47,6 +47,22 @@ def run_parallel(
     for thread in threads:
         thread.join()
     return {key: results[key] for key in keys}
+
+
+class RankFeed(Protocol):
+    """Where a transport that reads its ranks' output itself (``attach``) hands it on."""
+
+    def feed(self, stream: Stream, data: bytes) -> None:
+        """A chunk of a stream; b"" once at its end.  May wait (back-pressure)."""
+        ...
+
+    def began(self) -> None:
+        """A remote rank's pid is known."""
+        ...
+
+    def exited(self, status: int) -> None:
+        """The rank's status (as ``Process.wait`` returns it); never waits."""
+        ...
 
 
 class Process(Protocol):

@@ -10,13 +10,14 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from launcher.command import LaunchSpec
 from launcher.errors import LauncherError
 from launcher.transport import localagent
-from launcher.transport.base import Stream
+from launcher.transport.base import RankFeed, Stream
+from launcher.transport.feeds import PipeReader
 from launcher.transport.localagent import LocalAgent
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
@@ -38,10 +39,12 @@ class LocalProcess:
         agent: LocalAgent,
         pid: int,
         pipes: tuple[int, int, int, int],  # our ends: lifeline, stdout, stderr, status
+        readers: tuple[PipeReader, PipeReader] | None = None,  # output, statuses: ``attach``
     ) -> None:
         self.spec = spec
         self.agent = agent
         self.pid = pid
+        self.readers = readers
         lifeline, stdout, stderr, status = pipes
         self.files: dict[Stream, IO[bytes]] = {
             "stdout": os.fdopen(stdout, "rb", buffering=0),
@@ -63,25 +66,58 @@ class LocalProcess:
     def wait(self) -> int:
         """The status the watchdog reports the moment the program exits (before it ends the
         program's leftovers); the watchdog's own exit if it died without reporting."""
-        report = read_report(self.status_fd)
+        return self.status_from(read_report(self.status_fd))
+
+    def status_from(self, report: bytes) -> int:
+        """The rank's status from its watchdog's report (see ``wait``)."""
         if report.lstrip(b"-").isdigit():
             code = int(report)
         else:  # the watchdog was killed (OOM killer, kill -9): end its group for it
             code = self.agent.wait_exit(self.pid, None) or -signal.SIGKILL
             signal_group(self.pid, signal.SIGKILL)
         # The watchdog still ends what the program left (it may still need our signals):
-        # close its lifeline once it is done, in the background.
-        threading.Thread(target=self.reap, daemon=True).start()
+        # close its lifeline once it is done.
+        self.agent.when_exited(self.pid, self.close_lifeline)
         return code
+
+    def attach(self, feed: RankFeed) -> None:
+        """The transport's two threads read the streams and the report (``RankFeed``)."""
+        assert self.readers is not None, "attach needs the transport's readers"
+        output, statuses = self.readers
+        for stream, file in self.files.items():
+            output.add(file.fileno(), self.chunks(stream, file, feed))
+        report = bytearray()
+
+        def on_report(data: bytes) -> None:
+            if data:
+                report.extend(data)
+                return
+            os.close(self.status_fd)
+            if report.strip().lstrip(b"-").isdigit():
+                feed.exited(self.status_from(bytes(report).strip()))
+            else:  # waits for the agent to tell the watchdog's end: not on this thread
+                threading.Thread(
+                    target=lambda: feed.exited(self.status_from(b"")), daemon=True
+                ).start()
+
+        statuses.add(self.status_fd, on_report)
+
+    @staticmethod
+    def chunks(stream: Stream, file: IO[bytes], feed: RankFeed) -> Callable[[bytes], None]:
+        def on_chunk(data: bytes) -> None:
+            if not data:
+                file.close()  # no fd outlives its stream
+            feed.feed(stream, data)
+
+        return on_chunk
 
     @property
     def returncode(self) -> int | None:
         """The watchdog's exit status once it exited (None: still there)."""
         return self.agent.exit_status(self.pid)
 
-    def reap(self) -> None:
-        """Wait for the watchdog to exit, then close its lifeline (no fd outlives it)."""
-        self.agent.wait_exit(self.pid, None)
+    def close_lifeline(self) -> None:
+        """Once the watchdog exited: no fd outlives it."""
         try:
             self.lifeline.close()
         except OSError:
@@ -175,6 +211,8 @@ class LocalTransport:
         self.grace_s = grace_s
         self.python = python
         self.agent: LocalAgent | None = None
+        # One thread reads every rank's output, one every rank's status (``attach``).
+        self.readers = (PipeReader("dtrain-local-output"), PipeReader("dtrain-local-exits"))
 
     def start(self, spec: LaunchSpec) -> LocalProcess:
         env = build_child_env(self.environ, spec)
@@ -196,7 +234,7 @@ class LocalTransport:
         finally:
             for fd in theirs:
                 os.close(fd)  # the watchdog's copies are the only ones
-        return LocalProcess(spec, agent, pid, ours)
+        return LocalProcess(spec, agent, pid, ours, self.readers)
 
     def spawn(self, env: Mapping[str, str], body: bytes, fds: list[int]) -> tuple[LocalAgent, int]:
         """The watchdog's agent and pid.  A new agent if there is none, or if the last one is
@@ -214,6 +252,8 @@ class LocalTransport:
     def close(self) -> None:
         if self.agent is not None:
             self.agent.close()
+        for reader in self.readers:
+            reader.close()
 
 
 def find_free_ports(count: int) -> list[int]:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from launcher import remote
 
@@ -65,6 +65,7 @@ class LocalAgent:
         self.lock = threading.Lock()  # one request at a time
         self.answers: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self.exits: dict[int, int] = {}
+        self.on_exit: dict[int, Callable[[], None]] = {}  # pid -> call once it exited
         self.changed = threading.Condition()
         self.lost = False  # the agent is gone: no more exit reports
         threading.Thread(target=self.listen, name="dtrain-local-agent", daemon=True).start()
@@ -101,12 +102,37 @@ class LocalAgent:
                     with self.changed:
                         self.exits[int(pid)] = int(status)
                         self.changed.notify_all()
+                        call = self.on_exit.pop(int(pid), None)
+                    if call is not None:
+                        call()
                 else:
                     self.answers.put(line)
         with self.changed:
             self.lost = True
             self.changed.notify_all()
+            waiting, self.on_exit = self.on_exit, {}
         self.answers.put(b"")  # a request in flight gets no answer
+        for watchdog, at_exit in waiting.items():  # nobody tells now: watched by their pids
+            self.call_at_exit(watchdog, at_exit)
+
+    def when_exited(self, pid: int, call: Callable[[], None]) -> None:
+        """``call()`` once the watchdog ``pid`` exited (at once if it has)."""
+        with self.changed:
+            if pid not in self.exits and not self.lost:
+                self.on_exit[pid] = call
+                return
+        self.call_at_exit(pid, call)
+
+    def call_at_exit(self, pid: int, call: Callable[[], None]) -> None:
+        if self.exit_status(pid) is not None:
+            call()
+            return
+
+        def wait() -> None:
+            self.wait_exit(pid, None)
+            call()
+
+        threading.Thread(target=wait, name="dtrain-local-reap", daemon=True).start()
 
     def exit_status(self, pid: int) -> int | None:
         with self.changed:

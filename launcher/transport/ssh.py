@@ -30,8 +30,10 @@ from launcher import remote
 from launcher.command import LaunchSpec, build_remote_command
 from launcher.errors import HostConnectionError
 from launcher.hosts import Host
+from launcher.outcome import STREAMS
 from launcher.remote import agent, watchdog
-from launcher.transport.base import Stream, run_parallel
+from launcher.transport.base import RankFeed, Stream, run_parallel
+from launcher.transport.feeds import Pump
 
 # paramiko logs its own tracebacks on failed connections; dtrain reports them in one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -576,6 +578,7 @@ class HostAgent:
         self.ended: str | None = None  # why the channel ended, once it has (EOF, a lost host)
         self.lock = threading.Lock()
         self.processes: dict[int, AgentProcess] = {}  # by run id
+        self.pump = Pump("dtrain-ssh-output")  # feeds attached ranks' output (one transport's)
         self.buffer = bytearray()  # received, not yet taken: from self.offset on
         self.offset = 0
         self.runs = 0
@@ -761,6 +764,57 @@ class AgentProcess:
         self.lost_cause: str | None = None  # the host was lost before the rank ended
         self.answers: dict[int, dict[str, Any]] = {}  # the agent's answers, by kind
         self.answered = {kind: threading.Event() for kind in agent.ANSWERS.values()}
+        self.fed: RankFeed | None = None  # attached: output and exits go there, not to queues
+        self.told: set[str] = set()  # what the feed was told: "began", "exited"
+        self.feed_lock = threading.Lock()
+
+    def attach(self, feed: RankFeed) -> None:
+        """Output goes to ``feed`` through the transport's pump (what came before first);
+        the start and the status straight from the host's demultiplexer."""
+        with self.feed_lock:
+            for stream, chunks in self.queues.items():
+                while True:
+                    try:
+                        data = chunks.get_nowait()
+                    except queue.Empty:
+                        break
+                    self.host.pump.put(self.deliverer(stream, feed), data)
+            self.fed = feed
+            self.tell()
+
+    def deliverer(self, stream: Stream, feed: RankFeed) -> Callable[[bytes], None]:
+        def deliver(data: bytes) -> None:  # on the pump's thread
+            if stream in self.ended:
+                return  # a second end (``finish`` ends every stream)
+            if not data:
+                self.ended.add(stream)
+            feed.feed(stream, data)
+            if data:
+                self.give_credit(len(data))
+
+        return deliver
+
+    def put(self, stream: Stream, data: bytes) -> None:
+        """A chunk (b"": the end) of a stream: queued for ``read``, or fed on."""
+        with self.feed_lock:
+            if self.fed is None:
+                self.queues[stream].put(data)
+            else:
+                self.host.pump.put(self.deliverer(stream, self.fed), data)
+
+    def tell(self) -> None:
+        """Tell the feed the start and the status, once each (as ``wait`` would return it)."""
+        feed = self.fed
+        if feed is None:
+            return
+        if "began" not in self.told and self.started.is_set():
+            self.told.add("began")
+            feed.began()
+        if "exited" not in self.told and self.settled.is_set():
+            status = self.status if self.status is not None else self.code
+            if status is not None:
+                self.told.add("exited")
+                feed.exited(status)
 
     @property
     def cause(self) -> str | None:
@@ -800,19 +854,23 @@ class AgentProcess:
 
     def receive(self, kind: int, payload: bytes) -> None:
         if kind in (agent.STDOUT, agent.STDERR):
-            self.queues["stdout" if kind == agent.STDOUT else "stderr"].put(payload)
+            self.put("stdout" if kind == agent.STDOUT else "stderr", payload)
         elif kind in (agent.STDOUT_END, agent.STDERR_END):
-            self.queues["stdout" if kind == agent.STDOUT_END else "stderr"].put(b"")
+            self.put("stdout" if kind == agent.STDOUT_END else "stderr", b"")
         elif kind == agent.STATUS:
             self.report += payload
             if self.report.endswith(b"\n") and self.report.strip().lstrip(b"-").isdigit():
                 self.status = int(self.report)
                 self.settled.set()
+                with self.feed_lock:
+                    self.tell()
         elif kind == agent.STARTED:
             self.pid = int(payload)
             self.started.set()
+            with self.feed_lock:
+                self.tell()
         elif kind == agent.FAILED:
-            self.queues["stderr"].put(b"dtrain: cannot start the rank: " + payload + b"\n")
+            self.put("stderr", b"dtrain: cannot start the rank: " + payload + b"\n")
             self.finish(127)
         elif kind == agent.EXITED:
             self.finish(int(payload))
@@ -821,13 +879,15 @@ class AgentProcess:
             self.answered[kind].set()
 
     def finish(self, code: int) -> None:
-        for stream in ("stdout", "stderr"):
+        for stream in STREAMS:
             if stream not in self.ended:
-                self.queues[stream].put(b"")  # harmless if the stream had ended already
+                self.put(stream, b"")  # harmless if the stream had ended already
         self.code = code
         self.exited.set()
         self.settled.set()
         self.started.set()
+        with self.feed_lock:
+            self.tell()
 
     def lost(self, cause: str) -> None:
         """The connection to the host ended (or was given up) before the rank did."""
@@ -895,6 +955,9 @@ class SshTransport:
         self.agents = dict(agents)
         self.grace_s = grace_s
         self.path_prefix = path_prefix
+        self.pump = Pump("dtrain-ssh-output")  # one thread feeds every host's ranks' output
+        for host in self.agents.values():
+            host.pump = self.pump
 
     def start(self, spec: LaunchSpec) -> AgentProcess:
         return self.agents[spec.host.name].start(spec, self.grace_s, self.path_prefix)
@@ -903,6 +966,7 @@ class SshTransport:
         for host in self.agents.values():
             host.close()
             host.connection.close()
+        self.pump.close()
 
 
 def dump_mpi_stacks(connection: SshConnection, job_id: str, timeout_s: float) -> dict[str, Any]:
