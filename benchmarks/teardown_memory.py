@@ -1,6 +1,7 @@
-"""Teardown and flat memory, on this machine: dtrain vs mpirun.
+"""Teardown and flat memory: dtrain vs mpirun.
 
-Teardown: 8 ranks; rank 0 exits 1 after 1 s, the others sleep.  Their command writes
+Teardown: 8 ranks, on this machine and (as root) on 3 SSH test hosts; rank 0 exits 1
+after 1 s, the others sleep.  Their command writes
 a wall-clock stamp to a file just before rank 0 exits; measured from that stamp until
 the launcher exited, and until no process of the job is left (every process carries a
 marker variable, looked for in ``/proc/*/environ``).  Twice: ranks that exit on
@@ -26,8 +27,10 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import (
     BIN,
@@ -85,28 +88,34 @@ def teardown_run(argv: list[str], stamp: Path, mark: str) -> dict[str, float]:
     }
 
 
-def measure_teardown(reps: int) -> tuple[list[str], list[tuple[str, str, str, str]]]:
+SSH_HOSTS = "node1:3,node2:3,node3:2"  # 8 ranks on 3 SSH test hosts
+
+
+def teardown_argvs(script: str, jobs: Path, ssh: Any | None) -> tuple[list[str], list[str]]:
+    """dtrain's and mpirun's command lines: on this machine, or (``ssh``: the launchers of
+    ``launch_ssh.py`` against the test hosts) on 3 SSH hosts, the marker passed with -x."""
+    program = ["-x", "DTRAIN_BENCH_MARK", "sh", "-c", script]
+    options = ["--plain", "--grace", "2", "--job-dir", str(jobs)]
+    if ssh is None:
+        return (
+            [str(BIN / "dtrain"), "run", "-np", str(RANKS), *options, *program],
+            [*MPIRUN, "-np", str(RANKS), *program],
+        )
+    dtrain = ssh.dtrain_argv(SSH_HOSTS)
+    mpirun = ssh.mpirun_argv(SSH_HOSTS)
+    return [*dtrain[:2], *options, *dtrain[2:], *program], [*mpirun, *program]
+
+
+def measure_teardown(
+    reps: int, ssh: Any | None = None
+) -> tuple[list[list[str]], list[tuple[str, str, str, str]]]:
     scratch = Path(tempfile.mkdtemp(prefix="dtrain-bench-teardown-"))
+    where = "local" if ssh is None else "3 SSH hosts"
     rows, summary = [], []
     try:
         for ignore in (False, True):
             stamp = scratch / "failed-at"
-            script = teardown_script(stamp, ignore)
-            dtrain = [
-                str(BIN / "dtrain"),
-                "run",
-                "-np",
-                str(RANKS),
-                "--plain",
-                "--grace",
-                "2",
-                "--job-dir",
-                str(scratch / "jobs"),
-                "sh",
-                "-c",
-                script,
-            ]
-            mpirun = [*MPIRUN, "-np", str(RANKS), "sh", "-c", script]
+            dtrain, mpirun = teardown_argvs(teardown_script(stamp, ignore), scratch / "jobs", ssh)
             results: dict[str, list[dict[str, float]]] = {"dtrain": [], "mpirun": []}
             for _ in range(reps):
                 for name, argv in (("dtrain", dtrain), ("mpirun", mpirun)):
@@ -117,6 +126,7 @@ def measure_teardown(reps: int) -> tuple[list[str], list[tuple[str, str, str, st
                 gones = [r["gone_s"] for r in found]
                 rows.append(
                     [
+                        where,
                         kind,
                         name,
                         spread(exits),
@@ -129,7 +139,7 @@ def measure_teardown(reps: int) -> tuple[list[str], list[tuple[str, str, str, st
                 theirs = sorted(r["gone_s"] for r in results["mpirun"])[len(results["mpirun"]) // 2]
                 summary.append(
                     (
-                        "teardown, ranks exit on SIGTERM (local)",
+                        f"teardown, ranks exit on SIGTERM ({where})",
                         f"{mine * 1000:.0f} ms",
                         f"mpirun {theirs * 1000:.0f} ms",
                         "< 1 s: " + ("met" if mine < 1 else "missed"),
@@ -137,15 +147,45 @@ def measure_teardown(reps: int) -> tuple[list[str], list[tuple[str, str, str, st
                 )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return rows, summary
+
+
+def teardown_section(
+    reps: int, with_ssh: bool
+) -> tuple[list[str], list[tuple[str, str, str, str]]]:
+    """Locally, then (``with_ssh``, as root) on 3 SSH test hosts."""
+    rows, summary = measure_teardown(reps)
+    ssh_note = "On SSH hosts: not measured (needs root for the test hosts)."
+    if with_ssh:
+        from launch_ssh import find_launchers
+
+        from tests.testhosts import TestHosts
+
+        hosts = TestHosts(3, netns=True)
+        scratch = Path(tempfile.mkdtemp(prefix="dtrain-bench-teardown-ssh-"))
+        try:
+            hosts.start()
+            launchers = find_launchers(hosts.ssh_config, scratch, (), None)
+            more, more_summary = measure_teardown(reps, launchers)
+            rows += more
+            summary += more_summary
+            ssh_note = (
+                f"On SSH hosts: the test hosts of `tests/testhosts.py` (sshd in network "
+                f"namespaces on this machine), `-H {SSH_HOSTS}`; mpirun over `ssh -F` with "
+                '`--prefix`, as in "Launch over SSH"; the marker reaches every rank by `-x`.'
+            )
+        finally:
+            hosts.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
     body = [
         f"`python benchmarks/teardown_memory.py`. {reps} runs of each, alternating. Times in ms "
         "from rank 0's exit (a stamp it writes just before) until the launcher exited, and until "
-        "no process of the job was left (median (min-max)).",
+        "no process of the job was left on any host (median (min-max)). " + ssh_note,
         "",
         *table(
-            ["ranks", "launcher", "until launcher exit", "until nothing left", "exit codes"],
+            ["where", "ranks", "launcher", "until launcher exit", "until nothing left", "codes"],
             rows,
-            2,
+            3,
         ),
         "",
     ]
@@ -190,7 +230,8 @@ def measure_memory(
     scratch = Path(tempfile.mkdtemp(prefix="dtrain-bench-memory-"))
     producer = scratch / "producer.py"
     producer.write_text(PRODUCER)
-    rows, points = [], {"dtrain --plain": [], "mpirun": []}
+    rows = []
+    points: dict[str, list[tuple[float, float]]] = {"dtrain --plain": [], "mpirun": []}
     summary = []
     try:
         for size in sizes_mb:
@@ -265,7 +306,7 @@ def measure_memory(
 
 def run(quick: bool) -> list[Section]:
     machine = describe_machine()
-    teardown_body, teardown_summary = measure_teardown(3 if quick else 7)
+    teardown_body, teardown_summary = teardown_section(3 if quick else 7, os.geteuid() == 0)
     sizes = [8, 32] if quick else [16, 64, 256]
     rate = 8.0 if quick else 16.0
     memory_body, charts, memory_summary = measure_memory(sizes, rate)

@@ -22,12 +22,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher import remote
 from launcher.clock import Clock
 from launcher.collapse import rank_set
-from launcher.command import LaunchSpec, describe_specs
+from launcher.command import LaunchSpec, describe_specs, names_mpi4py
 from launcher.config import JobConfig, validate_config
 from launcher.control import SOCKET_NAME, ControlServer
 from launcher.env import resolve_env_args
@@ -44,14 +44,6 @@ from launcher.jobs import (
     prepare_output_dir,
     record_attempt,
     write_json,
-)
-from launcher.mpi import (
-    MpiOutput,
-    mpi_failure,
-    mpi_hosts_lost,
-    mpi_launch,
-    names_mpi4py,
-    rank_specs,
 )
 from launcher.outcome import JobResult, OutputSink
 from launcher.outlets import Fanout, Outlet
@@ -75,7 +67,6 @@ from launcher.policy import (
     hosts_left_out,
 )
 from launcher.specs import ServerProgram, Site, build_job_specs
-from launcher.stacks import StackGroup, format_stacks, group_stacks
 from launcher.supervisor import Supervisor, TimeLimits, caught_signals
 from launcher.survey import (
     Survey,
@@ -91,6 +82,9 @@ from launcher.survey import (
 )
 from launcher.transport.base import RoutedTransport, Transport
 from launcher.transport.local import LocalTransport, detect_local_gpus, is_local_address
+
+if TYPE_CHECKING:  # loaded when needed: a plain local job needs neither mpirun nor stacks
+    from launcher.stacks import StackGroup
 
 LOG = logging.getLogger("dtrain")  # --verbose shows it
 VIEW_PATIENCE_S = 2.0  # after Ctrl-C/SIGTERM, how long the view may take to show what is left
@@ -567,6 +561,8 @@ class Attempt:
 
     def run_mpi(self, plan: Plan, surveyed: Survey, specs: Sequence[LaunchSpec]) -> JobOutcome:
         """One mpirun under the supervisor, its output split back by rank."""
+        from launcher.mpi import mpi_launch
+
         with mpi_launch(self.config, plan, surveyed.site, specs, self.environ) as launch:
             if self.config.dry_run:
                 return DryRun(
@@ -621,6 +617,8 @@ class Attempt:
         )
         journal: OutputSink = recorder
         if mpi_launcher is not None:  # mpirun's tagged lines, split back per rank for each sink
+            from launcher.mpi import MpiOutput, rank_specs
+
             journal = mpi_output = MpiOutput(recorder, rank_specs(plan, specs[0]), mpi_launcher)
             view = MpiOutput(view, rank_specs(plan, specs[0]), mpi_launcher)
         view_outlet = Outlet(
@@ -640,6 +638,8 @@ class Attempt:
         try:
             result = supervisor.run()
             if mpi_launcher is not None:
+                from launcher.mpi import mpi_failure, mpi_hosts_lost
+
                 result = mpi_failure(result, mpi_output, plan)
                 lost = lost_hosts() if lost_hosts is not None else {}
                 result = mpi_hosts_lost(result, lost, mpi_output, plan)
@@ -801,6 +801,8 @@ class Attempt:
     ) -> str:
         """A hang: every rank's stack to the terminal and to the job directory; returns where
         the ranks were, for the summary."""
+        from launcher.stacks import format_stacks, group_stacks
+
         groups = group_stacks(dumps)
         text = format_stacks(groups, world)
         path = job.path / "stacks.txt"

@@ -336,20 +336,6 @@ def remove_stale_folders(temp: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def names_mpi4py(argv: Sequence[str], cwd: str) -> bool:
-    """Does the command look like an mpi4py program (so it needs --mpi)?"""
-    if any("mpi4py" in arg for arg in argv[:3]):
-        return True
-    for arg in argv[:3]:
-        if arg.endswith(".py"):
-            try:
-                with open(os.path.join(cwd, arg), "rb") as f:
-                    return b"mpi4py" in f.read(256 * 1024)
-            except OSError:
-                return False
-    return False
-
-
 class MpiOutput:
     """An output sink in front of the view: splits mpirun's ``[1,R]<stream>:`` lines by rank.
 

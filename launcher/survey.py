@@ -29,9 +29,9 @@ from launcher.remote.probe import cpus as probe_cpus
 from launcher.specs import Site
 from launcher.transport.base import run_parallel
 from launcher.transport.local import detect_local_gpus, find_free_ports, is_local_address
-from launcher.transport.slurm import Allocation
 
 if TYPE_CHECKING:
+    from launcher.transport.slurm import Allocation
     from launcher.transport.ssh import HostReport
 
 LOG = logging.getLogger("dtrain")  # --verbose shows it

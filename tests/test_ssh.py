@@ -787,3 +787,71 @@ def test_a_raw_library_message_gets_the_host_and_a_hint(ssh_hosts: TestHosts) ->
         r"session)\) \(hint: check the port \(--ssh-port\)",
         line,
     ), line
+
+
+DROPPING_PROXY = """
+import socket, sys, threading
+drops = int(sys.argv[1])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("198.18.0.13", 2300)); s.listen(50); print("up", flush=True)
+def pipe(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    for c in (a, b):
+        try:
+            c.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+while True:
+    c, _ = s.accept()
+    if drops:  # as sshd past MaxStartups: accepted, closed before any greeting
+        drops -= 1
+        print("dropped", flush=True)
+        c.close()
+        continue
+    up = socket.create_connection(("198.18.0.13", 22))
+    threading.Thread(target=pipe, args=(c, up), daemon=True).start()
+    threading.Thread(target=pipe, args=(up, c), daemon=True).start()
+"""
+
+
+def test_a_connection_dropped_before_the_greeting_is_tried_again(
+    ssh_hosts: TestHosts, tmp_path: Path
+) -> None:
+    """sshd past its MaxStartups (many launches at once through one bastion) closes new
+    connections before greeting them: dtrain tries again, with backoff, within --ssh-timeout."""
+    key = (ssh_hosts.host_dir("node3") / "ssh_host_ed25519_key.pub").read_text().split()
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        ssh_hosts.known_hosts.read_text() + f"[node3]:2300,[198.18.0.13]:2300 {key[0]} {key[1]}\n"
+    )
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "\n".join(
+            f"    UserKnownHostsFile {known}"
+            if line.strip().lower().startswith("userknownhostsfile")
+            else line
+            for line in ssh_hosts.ssh_config.read_text().splitlines()
+        )
+        + "\n"
+    )
+    proxy = subprocess.Popen(
+        ["ip", "netns", "exec", "dtrain-node3", sys.executable, "-c", DROPPING_PROXY, "3"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout is not None and proxy.stdout.readline() == "up\n"
+        result = run_dtrain(
+            "run", "--ssh-config", str(config), "-H", "node3", "--ssh-port", "2300",
+            "--ssh-timeout", "10", "echo", "greeted",
+        )  # fmt: skip
+    finally:
+        proxy.kill()
+        out, _ = proxy.communicate()
+    assert result.returncode == 0, result.stderr
+    assert "greeted" in result.stdout
+    assert out.count("dropped") == 3

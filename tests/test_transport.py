@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 from launcher.command import LaunchSpec
 from launcher.hosts import Host
+from launcher.transport.feeds import PipeReader, Pump
 from launcher.transport.local import LocalTransport
 
 FORGER = r"""
@@ -150,3 +154,163 @@ def test_ranks_outlive_a_lost_local_agent_and_a_new_one_starts() -> None:
     assert first.gone(10)  # its end is seen without the agent that forked it
     assert group_members(first.pid) == []
     transport.close()
+
+
+class Recorder:
+    """A ``RankFeed`` that keeps what it is fed; ``hold`` makes feeding wait (a paused view)."""
+
+    def __init__(self, hold: threading.Event | None = None) -> None:
+        self.chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        self.status: int | None = None
+        self.exited_at: float | None = None
+        self.ended = threading.Event()
+        self.hold = hold
+
+    def feed(self, stream: str, data: bytes) -> None:
+        if self.hold is not None:
+            self.hold.wait()
+        self.chunks[stream].append(data)
+        if all(c and c[-1] == b"" for c in self.chunks.values()):
+            self.ended.set()
+
+    def began(self) -> None:
+        pass
+
+    def exited(self, status: int) -> None:
+        self.status, self.exited_at = status, time.monotonic()
+
+
+def test_attached_ranks_are_read_by_two_threads_whole_and_in_order() -> None:
+    """Twenty attached ranks: every byte of every stream, in order, ended once; the statuses;
+    two reader threads in all (not three per rank), gone once the transport is closed."""
+    transport = LocalTransport(dict(os.environ), grace_s=1.0)
+    program = (
+        "import sys; [print(f'{sys.argv[1]} {i}') for i in range(20000)]; "
+        "sys.exit(int(sys.argv[1]) % 3)"
+    )
+    threads_before = set(threading.enumerate())  # (an earlier test's may still be ending)
+
+    def new_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t not in threads_before]
+
+    feeds = []
+    for rank in range(20):
+        process = transport.start(
+            LaunchSpec(
+                rank, Host("localhost"), 0, argv=(sys.executable, "-c", program, str(rank)), env={}
+            )
+        )
+        feeds.append(Recorder())
+        process.attach(feeds[-1])  # type: ignore[arg-type]
+    for rank, feed in enumerate(feeds):
+        assert feed.ended.wait(30)
+        out = b"".join(feed.chunks["stdout"])
+        assert out == b"".join(b"%d %d\n" % (rank, i) for i in range(20000))
+        assert feed.chunks["stdout"].count(b"") == 1 and feed.chunks["stderr"] == [b""]
+    deadline = time.monotonic() + 10
+    while any(f.status is None for f in feeds) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [f.status for f in feeds] == [rank % 3 for rank in range(20)]
+    # the agent's listener and the two readers (the pipes' reader may be ending already)
+    assert len(new_threads()) <= 3, new_threads()
+    transport.close()
+    deadline = time.monotonic() + 10
+    while new_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert new_threads() == []
+
+
+def test_an_exit_is_told_while_output_waits() -> None:
+    """The kill path never waits on output: with feeding held (a paused terminal), the rank's
+    exit is still told at once."""
+    transport = LocalTransport(dict(os.environ), grace_s=1.0)
+    hold = threading.Event()
+    feed = Recorder(hold)
+    process = transport.start(
+        LaunchSpec(0, Host("localhost"), 0, argv=("sh", "-c", "echo out; exit 5"), env={})
+    )
+    process.attach(feed)  # type: ignore[arg-type]
+    deadline = time.monotonic() + 10
+    while feed.status is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert feed.status == 5 and feed.chunks["stdout"] == []  # told; the output still held
+    hold.set()
+    assert feed.ended.wait(10) and feed.chunks["stdout"][0] == b"out\n"
+    transport.close()
+
+
+def test_a_pipe_reader_feeds_each_pipe_in_order_and_survives_a_failing_callback() -> None:
+    reader = PipeReader("test-reader")
+    got: dict[int, list[bytes]] = {}
+    pipes = [os.pipe() for _ in range(5)]
+
+    def callback(index: int) -> Callable[[bytes], None]:
+        def take(data: bytes) -> None:
+            got.setdefault(index, []).append(data)
+            if index == 0 and data:
+                raise RuntimeError("this rank's sink broke")
+
+        return take
+
+    for index, (r, _) in enumerate(pipes):
+        reader.add(r, callback(index))
+    for round_ in range(50):
+        for index, (_, w) in enumerate(pipes):
+            os.write(w, b"%d:%d\n" % (index, round_))
+    for _, w in pipes:
+        os.close(w)
+    reader.close()
+    assert reader.thread is not None
+    reader.thread.join(10)
+    assert not reader.thread.is_alive()  # every pipe ended, then it did
+    for index in range(5):
+        assert got[index][-1] == b"" and got[index].count(b"") == 1
+        assert b"".join(got[index]) == b"".join(b"%d:%d\n" % (index, i) for i in range(50))
+    for r, _ in pipes:
+        os.close(r)
+
+
+def test_a_pump_runs_its_calls_in_order_then_ends() -> None:
+    pump = Pump("test-pump")
+    seen: list[bytes] = []
+    for i in range(1000):
+        pump.put(seen.append, b"%d" % i)
+    pump.close()
+    assert pump.thread is not None
+    pump.thread.join(10)
+    assert seen == [b"%d" % i for i in range(1000)]
+
+
+def test_the_open_files_limit_is_raised_for_many_hosts() -> None:
+    """1,000 hosts are 1,000 sockets: past a soft limit of 1,024 dtrain raises it (up to the
+    hard limit), and never lowers it."""
+    code = (
+        "import resource\n"
+        "from launcher.transport.ssh import ensure_open_files\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "ensure_open_files(100)\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 256\n"
+        "ensure_open_files(3512)\n"
+        "expected = 3512 if hard == resource.RLIM_INFINITY else min(hard, 3512)\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE) == (expected, hard)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_invoke_loads_only_when_an_ssh_config_runs_match_exec() -> None:
+    """paramiko imports invoke (and asyncio, yaml) for ``Match exec`` alone: dtrain's SSH
+    transport loads without them, and a config's ``Match exec`` still works."""
+    code = (
+        "import sys\n"
+        "import launcher.transport.ssh\n"
+        "from launcher.transport.sshlib import paramiko\n"
+        "assert not {'invoke.tasks', 'asyncio', 'yaml'} & set(sys.modules), sorted(sys.modules)\n"
+        "config = paramiko.SSHConfig.from_text(\n"
+        "    'Match exec \"test -n x\"\\n  HostName matched\\nHost *\\n  Port 2222\\n')\n"
+        "assert config.lookup('node1')['hostname'] == 'matched', config.lookup('node1')\n"
+        "assert 'invoke.tasks' in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -10,10 +10,12 @@ frames (SSH itself cannot deliver them).
 
 from __future__ import annotations
 
+import errno
 import getpass
 import json
 import logging
 import queue
+import random
 import signal
 import socket
 import sys
@@ -24,8 +26,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from launcher import remote
 from launcher.command import LaunchSpec, build_remote_command
 from launcher.errors import HostConnectionError
@@ -34,6 +34,7 @@ from launcher.outcome import STREAMS
 from launcher.remote import agent, watchdog
 from launcher.transport.base import RankFeed, Stream, run_parallel
 from launcher.transport.feeds import Pump
+from launcher.transport.sshlib import paramiko
 
 # paramiko logs its own tracebacks on failed connections; dtrain reports them in one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -290,6 +291,50 @@ def connect(
     """
     target = resolve_target(host, settings, config)
     where = f"{host.name}" if target.hostname == host.name else f"{host.name} ({target.hostname})"
+    deadline = time.monotonic() + settings.timeout_s
+    attempt = 0
+    while True:
+        began = time.monotonic()
+        try:
+            client, jump = connect_once(target, settings, config, via)
+            break
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            attempt += 1
+            wait = min(RETRY_BASE_S * 2 ** (attempt - 1), RETRY_MAX_S) * random.uniform(0.5, 1.5)
+            if (
+                via is not None  # through a jump host: that one connection is given
+                or attempt == CONNECT_TRIES
+                or not dropped_early(exc)
+                or time.monotonic() - began > settings.timeout_s / 2  # it waited: overloaded
+                or time.monotonic() + wait > deadline
+            ):
+                if via is not None:
+                    via.close()
+                raise connect_error(exc, target, where, settings) from None
+            LOG.debug("%s: hung up before its greeting (%s); again in %.1f s", where, exc, wait)
+            time.sleep(wait)
+    transport = client.get_transport()
+    assert transport is not None
+    tune_socket(transport)
+    peer, local = address_pair(transport)
+    LOG.debug("connected to %s (%s) as %s", where, peer, target.user)
+    return SshConnection(
+        host, target, client, jump, peer_address=peer or target.hostname, local_address=local
+    )
+
+
+CONNECT_TRIES = 5  # a connection dropped before sshd's greeting is tried again...
+RETRY_BASE_S = 0.2  # ...after 0.2, 0.4, 0.8, 1.6 s (each +-50%, within --ssh-timeout)
+RETRY_MAX_S = 2.0
+
+
+def connect_once(
+    target: SshTarget,
+    settings: SshSettings,
+    config: paramiko.SSHConfig,
+    via: SshConnection | None,
+) -> tuple[paramiko.SSHClient, SshConnection | None]:
+    """One try: the client and the jump host's connection it goes through (if any)."""
     jump: SshConnection | None = via
     try:
         if via is not None:
@@ -312,17 +357,24 @@ def connect(
             channel_timeout=settings.timeout_s,
             sock=sock,
         )
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        if jump is not None:
+    except BaseException:
+        if jump is not None and jump is not via:
             jump.close()
-        raise connect_error(exc, target, where, settings) from None
-    transport = client.get_transport()
-    assert transport is not None
-    tune_socket(transport)
-    peer, local = address_pair(transport)
-    LOG.debug("connected to %s (%s) as %s", where, peer, target.user)
-    return SshConnection(
-        host, target, client, jump, peer_address=peer or target.hostname, local_address=local
+        raise
+    return client, jump
+
+
+def dropped_early(exc: BaseException) -> bool:
+    """The server hung up before it greeted us: what sshd does past its ``MaxStartups``
+    (a burst of connections from a launcher to hosts behind one bastion, or a busy host),
+    and worth another try; not a refusal, a timeout, a key or a login failure."""
+    if isinstance(exc, EOFError | ConnectionResetError | ConnectionAbortedError):
+        return True
+    text = str(exc).lower()
+    return (
+        isinstance(exc, paramiko.SSHException)
+        and not isinstance(exc, paramiko.AuthenticationException | paramiko.BadHostKeyException)
+        and ("error reading ssh protocol banner" in text or "no existing session" in text)
     )
 
 
@@ -410,6 +462,15 @@ def connect_error(
             f"{where}: no answer on port {target.port} within {settings.timeout_s:g}s",
             "check that the host is up and reachable, or raise --ssh-timeout",
         )
+    if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return HostConnectionError(
+            f"{where}: dtrain ran out of open files (ulimit -n is {soft}, hard limit {hard}): "
+            "one connection per host",
+            "raise the hard limit (ulimit -Hn, /etc/security/limits.conf) or use fewer hosts",
+        )
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError | ConnectionRefusedError):
         return HostConnectionError(
             f"{where}: connection refused on port {target.port}",
@@ -468,12 +529,32 @@ def address_pair(transport: paramiko.Transport) -> tuple[str, str]:
     return "", ""
 
 
+FDS_PER_HOST = 3  # the connection's socket, a jump host's, a spare
+FDS_MARGIN = 512  # the job directory's logs (256 open at most), local ranks' pipes, dtrain's
+
+
+def ensure_open_files(needed: int) -> None:
+    """Raise this process's soft limit on open files (``ulimit -n``) to ``needed`` if it is
+    lower, as far as the hard limit allows: a thousand hosts are a thousand sockets, past the
+    common default of 1,024.  (What cannot be raised shows up as EMFILE, said plainly.)"""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    wanted = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+    if wanted > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        LOG.debug("open files: soft limit %d -> %d (hard %s)", soft, wanted, hard)
+
+
 def connect_all(
     hosts: Sequence[Host], settings: SshSettings, config: paramiko.SSHConfig
 ) -> dict[str, SshConnection]:
     """Connect to every host in parallel; all or nothing."""
     if not hosts:
         return {}
+    ensure_open_files(len(hosts) * FDS_PER_HOST + FDS_MARGIN)
     by_name = {h.name: h for h in hosts}
     found = run_parallel(
         list(by_name), lambda n: connect(by_name[n], settings, config), settings.fanout
