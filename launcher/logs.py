@@ -14,14 +14,13 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
-from launcher.outcome import PROGRESS
+from launcher.outcome import PROGRESS, READ_BYTES
 
 if TYPE_CHECKING:
     pass
 
 LINE_BREAK = re.compile(rb"(\r\n|\r|\n)")
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a longer "line" is cut; 1 MB lines pass whole
-READ_BYTES = 256 * 1024
 
 
 class LineFramer:

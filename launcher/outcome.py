@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 Stream = Literal["stdout", "stderr"]
 STREAMS: tuple[Stream, Stream] = ("stdout", "stderr")
 PROGRESS = b"\r"  # kept at the end of a line a bare \r ended: a progress update (logs.py)
+READ_BYTES = 256 * 1024  # one read of a rank's pipe or stream (logs.py, transport/feeds.py)
 TAIL_LINES = 20  # kept per rank and stream for the failure report
 TAIL_LINE_BYTES = 4096  # of each such line: memory stays bounded whatever a rank prints
 

@@ -30,6 +30,13 @@ def load_example() -> ModuleType:
     return module
 
 
+def one_thread_env() -> dict[str, str]:
+    """The tests' environment with one intra-op thread: what dtrain gives each of several ranks
+    on a host, and what the one-process reference must use too (a matmul summed over 2 threads
+    differs in the last bits, and 15 epochs grow that into the printed digits)."""
+    return {**child_env(), "OMP_NUM_THREADS": "1"}
+
+
 def run_example(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The example in one process, without dtrain."""
     return subprocess.run(
@@ -37,7 +44,7 @@ def run_example(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
         capture_output=True,
         text=True,
         timeout=120,
-        env=env or child_env(),
+        env=env or one_thread_env(),
         cwd=REPO,
     )
 
@@ -119,7 +126,7 @@ def test_two_stages_train_as_one_process_does(
 ) -> None:
     result = run_dtrain(
         "run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}",
-        "python", str(EXAMPLE), "--engine", engine, timeout=180,
+        "python", str(EXAMPLE), "--engine", engine, timeout=180, env=one_thread_env(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[1] 2 stages (blocks per stage: 2, 2), 4 micro-batches" in result.stdout

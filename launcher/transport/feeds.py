@@ -22,7 +22,7 @@ import selectors
 import threading
 from collections.abc import Callable
 
-from launcher.logs import READ_BYTES
+from launcher.outcome import READ_BYTES
 
 LOG = logging.getLogger("dtrain.feeds")
 
