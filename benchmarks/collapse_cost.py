@@ -114,28 +114,46 @@ def section(rows: list, args: argparse.Namespace, before: float, after: float) -
         "| --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     walls: dict[tuple[str, bool], float] = {}
+    cpus: dict[tuple[str, bool], float] = {}
     sizes: dict[tuple[str, bool], float] = {}
+    each_size: dict[tuple[str, bool], list[int]] = {}
     for kind, runs in rows:
         for collapse in (False, True):
             done = runs[collapse]
             wall = walls[kind, collapse] = statistics.median(r.wall_s for r, _, _ in done)
-            cpu = statistics.median(r.launcher_cpu_s for r, _, _ in done)
+            cpu = cpus[kind, collapse] = statistics.median(r.launcher_cpu_s for r, _, _ in done)
             size = sizes[kind, collapse] = statistics.median(n for _, n, _ in done)
+            each_size[kind, collapse] = [n for _, n, _ in done]
             checks = sorted({c for _, _, c in done})
             out.append(
                 f"| {kind} | `{'--collapse' if collapse else '--no-collapse'}` | {wall:.2f} | "
                 f"{total / wall:,.0f} | {cpu:.2f} | {size:,.0f} | {', '.join(checks)} |"
             )
     slower = walls["distinct", True] / walls["distinct", False] - 1
+    busier = cpus["distinct", True] / cpus["distinct", False] - 1
     fewer = sizes["identical", False] / sizes["identical", True]
     cost = "met" if slower <= 0.10 else "missed"
     saving = "met" if fewer >= RANKS * 0.9 else "missed"
+    sizes_run = each_size["identical", True]
+    per_run = ", ".join(f"{n / 1e6:.1f}" for n in sizes_run)
+    spread = (
+        "; more in a run means its ranks got further apart than the window (0.5 s; seen at "
+        "start on a loaded machine): a line that comes a window late can no longer join"
+        if max(sizes_run) > 1.5 * min(sizes_run)
+        else ""
+    )
     out += [
         "",
         f"* Distinct lines (nothing to collapse): `--collapse` takes {slower:+.0%} of the wall "
-        f"time of `--no-collapse` (target: at most +10%: {cost}).",
+        f"time of `--no-collapse` (target: at most +10%: {cost}), and {busier:+.0%} of its "
+        "launcher CPU time.",
         f"* Identical lines: {fewer:.1f}x fewer bytes reach the terminal with `--collapse` "
-        f"({RANKS} ranks; target: about the rank count: {saving}).",
+        f"({RANKS} ranks; target: about the rank count: {saving}). MB on the pipe per run: "
+        f"{per_run}{spread}.",
+        "* How: a flood that nothing shares (more than `MAX_HELD` lines of two ranks or more "
+        "since a line was last shared) goes straight out for up to `FLOOD_PASS_S` or until "
+        "it ends, without a look-up per line (`launcher/collapse.py`); identical lines are "
+        "still looked up line by line, which is what their `--collapse` wall time shows.",
     ]
     return "\n".join(out) + "\n"
 

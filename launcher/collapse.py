@@ -14,7 +14,15 @@ it.  Rules:
   group only if that group is newer than the rank's previous line's group;
 * a group comes out when its window closes (or at once when every rank has
   joined it), so no line waits longer than the window; groups come out in the
-  order they were made.
+  order they were made;
+* a flood that nothing shares is not held: once more than ``MAX_HELD`` lines of two
+  ranks or more came since a line was last shared, what is held comes out and the
+  next lines go straight out as they come (each rank's in its order), until a window
+  brings fewer than ``MAX_HELD`` lines (the flood is over) or ``FLOOD_PASS_S`` passed;
+  then collapsing starts again.  A line counts as shared when another rank said it,
+  even too long ago to join.  Looking up every line of such a flood would cost more
+  than it could save (+60% wall time in ``benchmarks/collapse_cost.py``), and a flood
+  comes out early anyway.
 
 Expanding what comes out (each group into one line per rank) gives back exactly
 each rank's lines in order: the property the tests check on random interleavings.
@@ -33,6 +41,7 @@ from operator import itemgetter
 
 DEFAULT_WINDOW_S = 0.5
 MAX_HELD = 50_000  # lines held at most: a flood comes out early rather than piling up
+FLOOD_PASS_S = 1.0  # how long a flood that nothing shares goes straight out before a new look
 
 # Log prefixes whose time, pid and thread id vary between ranks (kept: severity, file:line).
 PREFIXES = (
@@ -138,22 +147,37 @@ class Collapser:
     after the rank's newest line, or after its newest shared line once its own lines since
     (which no other rank depends on) are moved in front of it.  A batch that no held line
     matches is held whole as one ``Block`` at the end, with C-speed work per line only (its
-    keys into a dict), so a flood of distinct lines costs little.
+    keys into a dict).  That work still takes a third of the launcher's time in a flood of
+    distinct lines (the collapse-cost benchmark), so a flood that nothing shares skips it:
+    its lines pass straight out (see the module's rules).
     """
 
-    def __init__(self, world_size: int, window_s: float = DEFAULT_WINDOW_S) -> None:
+    def __init__(
+        self, world_size: int, window_s: float = DEFAULT_WINDOW_S, max_held: int = MAX_HELD
+    ) -> None:
         self.world_size = world_size
         self.window_s = window_s
+        self.max_held = max_held
         self.pending: list[Block] = []  # by position
         self.arrivals: deque[Block] = deque()  # by time: whose window closes next
         self.held = 0  # lines in ``pending``
         # stream -> key -> the newest block holding that key, in two generations (young,
-        # old): when the young one has had MAX_HELD keys put in, it becomes the old one and
+        # old): when the young one has had max_held keys put in, it becomes the old one and
         # the old one goes, emitted blocks with it (a block still held is always in one).
         self.open: dict[str, tuple[dict[bytes, Block], dict[bytes, Block]]] = {}
         self.put = 0  # keys put in the young generations since they were made
         self.tracks: dict[tuple[int, str], Track] = {}
         self.top = 0.0  # the next position at the end
+        # A flood that nothing shares: lines taken so far, and at the last shared line; the
+        # ranks that spoke since (rank -> ``added`` after its latest lines).
+        self.added = 0
+        self.shared_at = 0
+        self.spoke: dict[int, int] = {}
+        # Passing such a flood straight out: until when at most, and the lines passed since
+        # ``counted_since`` (fewer than max_held in a window: the flood is over).
+        self.passing_until: float | None = None
+        self.counted_since = 0.0
+        self.counted = 0
 
     def add(self, rank: int, stream: str, text: bytes, now: float) -> list[Collapsed]:
         """One line of one rank: see ``add_lines``."""
@@ -162,6 +186,10 @@ class Collapser:
     def add_lines(self, rank: int, stream: str, lines: list[bytes], now: float) -> list[Collapsed]:
         """A batch of one rank's lines; returns what is due now (a group every rank has
         joined, windows closed, or the oldest lines when too many are held)."""
+        if self.passing_until is not None and self.is_passing(self.passing_until, len(lines), now):
+            return [Collapsed((rank,), stream, tuple(lines), now)]
+        self.added += len(lines)
+        self.spoke[rank] = self.added
         keys = keys_of(lines)
         young, old = self.open.get(stream) or self.open.setdefault(stream, ({}, {}))
         track = self.tracks.get((rank, stream)) or self.tracks.setdefault((rank, stream), Track())
@@ -186,7 +214,11 @@ class Collapser:
         run: list[int] = []  # lines waiting for a place
         for n, key in enumerate(keys):
             block = young.get(key) or old.get(key)
-            if block is None or block.done or block.rank == rank:
+            if block is None or block.rank == rank:
+                run.append(n)
+                continue
+            self.shared_at = self.added  # another rank said it (even if too long ago to join)
+            if block.done:
                 run.append(n)
                 continue
             i = block.line_of(key)
@@ -240,6 +272,7 @@ class Collapser:
         else:
             ranks.append(rank)
         block.joins_left -= 1
+        self.shared_at = self.added
         track.last = track.anchor = block.serial + i * block.step
         if track.free:
             track.free = []  # its lines so far stand before a shared one now
@@ -285,9 +318,11 @@ class Collapser:
         block = Block(rank, stream, lines, keys, now, max(self.top, track.last + 1))
         self.top = block.at(len(lines) - 1) + 1
         track.last = self.top - 1
+        if track.free and track.free[0].done:  # let out: no longer free, and no longer kept
+            track.free = [b for b in track.free if not b.done]
         track.free.append(block)
         self.hold(block)
-        if self.put >= MAX_HELD:  # a new generation (every stream's: they share ``put``)
+        if self.put >= self.max_held:  # a new generation (every stream's: they share ``put``)
             self.open = {name: ({}, young) for name, (young, _) in self.open.items()}
             self.put = 0
         self.open[stream][0].update(zip(keys, repeat(block)))
@@ -304,8 +339,9 @@ class Collapser:
 
     def due(self, now: float) -> list[Collapsed]:
         """What is due, in the order of positions: every line up to the last line of each
-        block whose window closed; the oldest too while more than ``MAX_HELD`` lines wait
-        (a flood comes out early); then the next lines that every rank has said."""
+        block whose window closed; the oldest too while more than ``max_held`` lines wait
+        (a flood comes out early), or all of them when nothing of the flood is shared (it
+        passes from now on); then the next lines that every rank has said."""
         cut = -math.inf
         arrivals = self.arrivals
         while arrivals and (arrivals[0].done or arrivals[0].first + self.window_s <= now):
@@ -313,10 +349,41 @@ class Collapser:
             if not block.done:
                 cut = max(cut, block.at(len(block.lines) - 1))
         out = self.emit_upto(cut)
-        while self.held > MAX_HELD:
+        if self.held > self.max_held and self.is_unshared_flood():
+            self.passing_until = now + FLOOD_PASS_S
+            self.counted_since, self.counted = now, 0
+            out += self.flush()
+            self.open, self.put = {}, 0  # every block is let out: nothing to look up
+            return out
+        while self.held > self.max_held:
             head = self.pending[0]
             out += self.emit_upto(head.at(len(head.lines) - 1))
         return out + self.emit_said_by_all()
+
+    def is_unshared_flood(self) -> bool:
+        """More than max_held lines since a line was last shared, of two ranks or more (a
+        rank alone may just be ahead of the others that will say the same)."""
+        if self.added - self.shared_at <= self.max_held:
+            return False
+        speakers = sum(1 for at in self.spoke.values() if at > self.shared_at)
+        return speakers >= min(2, self.world_size)
+
+    def is_passing(self, until: float, count: int, now: float) -> bool:
+        """Do ``count`` lines that come at ``now`` pass straight out?  Not from ``until``
+        on, nor once a window brought no more than max_held lines: then collapsing starts
+        again, afresh (the flood must show again that nothing of it is shared)."""
+        if now - self.counted_since >= self.window_s:
+            ended = self.counted <= self.max_held
+            self.counted_since, self.counted = now, 0
+        else:
+            ended = False
+        if ended or now >= until:
+            self.passing_until = None
+            self.shared_at = self.added
+            self.spoke.clear()
+            return False
+        self.counted += count
+        return True
 
     def emit_upto(self, cut: float) -> list[Collapsed]:
         """Every held line standing at ``cut`` or before, in the order of positions (blocks

@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from itertools import chain
 from typing import Any, TextIO
 
 from launcher.collapse import Collapsed, Collapser, rank_set
@@ -625,7 +626,7 @@ class CollapsingView:
             ):
                 first = items[start]
                 specs = [self.specs[rank] for rank in first.ranks]
-                lines = [line for item in items[start:end] for line in item.lines]
+                lines = list(chain.from_iterable(item.lines for item in items[start:end]))
                 self.view.show_group(specs, first.stream, lines)
                 start = end
 

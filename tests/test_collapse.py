@@ -11,7 +11,15 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.collapse import MAX_HELD, Collapsed, Collapser, expand, rank_set, same_text
+from launcher.collapse import (
+    FLOOD_PASS_S,
+    MAX_HELD,
+    Collapsed,
+    Collapser,
+    expand,
+    rank_set,
+    same_text,
+)
 from launcher.command import LaunchSpec
 from launcher.console import CollapsingView, JsonLinesView, LineView
 from launcher.hosts import Host
@@ -160,7 +168,8 @@ def test_expanding_gives_back_every_ranks_lines_in_order(
     world: int, events: list[tuple[int, bytes, str, float]]
 ) -> None:
     c = Collapser(world_size=world, window_s=0.5)
-    now, out, sent = 0.0, [], {}
+    now, out = 0.0, []
+    sent: dict[int, list[tuple[str, bytes]]] = {}
     for rank, text, stream, step in events:
         rank %= world
         now += step
@@ -189,7 +198,8 @@ def test_batches_expand_back_to_every_ranks_lines_in_order(
     world: int, batches: list[tuple[int, list[bytes], str, float]]
 ) -> None:
     c = Collapser(world_size=world, window_s=0.5)
-    now, out, sent = 0.0, [], {}
+    now, out = 0.0, []
+    sent: dict[int, list[tuple[str, bytes]]] = {}
     for rank, lines, stream, step in batches:
         rank %= world
         now += step
@@ -220,6 +230,150 @@ def test_a_flood_is_let_out_early_so_memory_stays_bounded() -> None:
         shown += sum(len(item.lines) for item in c.add_lines(0, "stdout", batch, now=i * 0.01))
         assert c.held <= MAX_HELD
     assert shown >= 40 * 10_000 - MAX_HELD  # well before any window closed
+
+
+def test_a_flood_lets_go_of_the_lines_it_let_out() -> None:
+    c = Collapser(world_size=2, window_s=60)
+    for i in range(40):  # one rank alone: it may be ahead of the other, so it is held
+        c.add_lines(0, "stdout", [b"rank 0 line %d-%d" % (i, j) for j in range(10_000)], i * 0.01)
+    kept = sum(len(block.lines) for track in c.tracks.values() for block in track.free)
+    assert kept <= MAX_HELD + 10_000  # what is held and one batch: not all 400,000 lines
+
+
+def test_distinct_batches_then_a_shared_line_still_collapses() -> None:
+    c = Collapser(world_size=3)
+    own = {rank: [b"rank %d step %d" % (rank, i) for i in range(50)] for rank in range(3)}
+    out = []
+    for rank in range(3):
+        out += c.add_lines(rank, "stdout", own[rank], now=0)
+    for rank in range(3):
+        out += c.add(rank, "stdout", b"epoch 1 done", now=0.1)
+    assert out == []  # every rank said it, but it comes after lines that wait for the window
+    assert c.due(0.5) == [
+        Collapsed((0,), "stdout", tuple(own[0])),
+        Collapsed((1,), "stdout", tuple(own[1])),
+        Collapsed((2,), "stdout", tuple(own[2])),
+        Collapsed((0, 1, 2), "stdout", (b"epoch 1 done",)),
+    ]
+
+
+def test_a_batch_that_starts_distinct_and_later_shares_lines_collapses_those() -> None:
+    c = Collapser(world_size=2)
+    shared = [b"warning: slow disk", b"warning: low memory"]
+    c.add_lines(0, "stdout", [b"rank 0 a", b"rank 0 b", *shared], now=0)
+    out = c.add_lines(1, "stdout", [b"rank 1 a", *shared, b"rank 1 z"], now=0.1) + c.flush()
+    assert out == [
+        Collapsed((0,), "stdout", (b"rank 0 a", b"rank 0 b")),
+        Collapsed((1,), "stdout", (b"rank 1 a",)),
+        Collapsed((0, 1), "stdout", (shared[0],)),
+        Collapsed((0, 1), "stdout", (shared[1],)),
+        Collapsed((1,), "stdout", (b"rank 1 z",)),
+    ]
+
+
+def distinct(rank: int, start: int, count: int) -> list[bytes]:
+    return [b"rank %d line %d" % (rank, i) for i in range(start, start + count)]
+
+
+def test_a_flood_that_nothing_shares_goes_straight_out() -> None:
+    c = Collapser(world_size=2, window_s=0.5, max_held=10)
+    out = c.add_lines(0, "stdout", distinct(0, 0, 6), now=0)
+    out += c.add_lines(1, "stdout", distinct(1, 0, 6), now=0.01)  # 12 held: nothing shared
+    assert out == [
+        Collapsed((0,), "stdout", tuple(distinct(0, 0, 6))),
+        Collapsed((1,), "stdout", tuple(distinct(1, 0, 6))),
+    ]
+    assert c.held == 0 and c.next_due() is None
+    # from now on nothing is held, nor looked up: not even a line that another rank said
+    assert c.add(0, "stdout", b"warn", now=0.02) == [Collapsed((0,), "stdout", (b"warn",))]
+    assert c.add(1, "stdout", b"warn", now=0.03) == [Collapsed((1,), "stdout", (b"warn",))]
+
+
+def test_a_flood_that_shares_lines_is_held_and_collapses() -> None:
+    c = Collapser(world_size=2, window_s=0.5, max_held=20)
+    out = []
+    for start in range(0, 200, 8):  # rank 1 four lines behind: each of its lines joins
+        behind = max(0, start - 4)
+        out += c.add_lines(0, "stdout", distinct(9, start, 8), now=start * 0.001)
+        out += c.add_lines(1, "stdout", distinct(9, behind, start + 4 - behind), start * 0.001)
+        assert c.held <= 8
+    out += c.add_lines(1, "stdout", distinct(9, 196, 4), now=0.2)
+    assert out == [Collapsed((0, 1), "stdout", (line,)) for line in distinct(9, 0, 200)]
+    assert c.passing_until is None
+
+
+def test_a_flood_of_lines_said_too_long_ago_to_join_is_not_passed() -> None:
+    c = Collapser(world_size=3, window_s=0.5, max_held=10)
+    out = c.add_lines(0, "stdout", distinct(9, 0, 12), now=0)  # a flood of rank 0 alone
+    assert out == [Collapsed((0,), "stdout", tuple(distinct(9, 0, 12)))]  # early, not passed
+    out = c.add_lines(1, "stdout", distinct(9, 0, 12), now=0.01)  # too late to join, but shared
+    assert out == [Collapsed((1,), "stdout", tuple(distinct(9, 0, 12)))]
+    assert c.add_lines(2, "stdout", distinct(2, 0, 5), now=0.02) == []  # still held
+    assert c.passing_until is None
+
+
+def test_passing_ends_when_a_window_brings_few_lines() -> None:
+    c = Collapser(world_size=2, window_s=0.5, max_held=10)
+    c.add_lines(0, "stdout", distinct(0, 0, 6), now=0)
+    c.add_lines(1, "stdout", distinct(1, 0, 6), now=0)  # passing from here
+    assert c.add_lines(0, "stdout", distinct(0, 6, 3), now=0.1) != []
+    assert c.add(0, "stdout", b"epoch done", now=0.6) == []  # 3 lines in that window: held
+    assert c.add(1, "stdout", b"epoch done", now=0.7) == [
+        Collapsed((0, 1), "stdout", (b"epoch done",))
+    ]
+
+
+def test_passing_ends_after_a_while_even_in_a_flood() -> None:
+    c = Collapser(world_size=2, window_s=0.5, max_held=10)
+    c.add_lines(0, "stdout", distinct(0, 0, 6), now=0)
+    c.add_lines(1, "stdout", distinct(1, 0, 6), now=0)  # passing from here
+    now = 0.0
+    while now < FLOOD_PASS_S - 0.1:  # a flood: 24 lines a window
+        now += 0.1
+        assert c.add_lines(0, "stdout", distinct(0, 0, 6), now) != []
+        assert c.add_lines(1, "stdout", distinct(1, 0, 6), now) != []
+    now = FLOOD_PASS_S
+    shared = distinct(9, 0, 3)
+    assert c.add_lines(0, "stdout", shared, now) == []  # a new look: held
+    assert c.add_lines(1, "stdout", shared, now) == [
+        Collapsed((0, 1), "stdout", (line,)) for line in shared
+    ]
+
+
+FLOOD_WORDS = [*WORDS, b"only %d", b"only %d again"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    world=st.integers(1, 4),
+    max_held=st.integers(1, 12),
+    batches=st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.lists(st.sampled_from(FLOOD_WORDS), min_size=1, max_size=8),
+            st.sampled_from(["stdout", "stderr"]),
+            st.floats(0, 0.4),
+        ),
+        max_size=40,
+    ),
+)
+def test_floods_passing_and_collapsing_again_keep_every_ranks_lines_in_order(
+    world: int, max_held: int, batches: list[tuple[int, list[bytes], str, float]]
+) -> None:
+    c = Collapser(world_size=world, window_s=0.5, max_held=max_held)
+    now, out = 0.0, []
+    sent: dict[int, list[tuple[str, bytes]]] = {}
+    for rank, words, stream, step in batches:
+        rank %= world
+        now += step
+        lines = [w % rank if b"%d" in w else w for w in words]  # some lines are the rank's own
+        out += c.add_lines(rank, stream, lines, now)
+        sent.setdefault(rank, []).extend((stream, same_text(t)) for t in lines)
+        assert c.held <= max_held
+        due = c.next_due()
+        assert due is None or due > now  # nothing overdue is held back
+    out += c.flush()
+    assert by_stream(expand(out)) == by_stream(sent)
 
 
 # The collapsing view in the job's output path: tags, JSON, the writer thread's ticks.
