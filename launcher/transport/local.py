@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import shutil
 import signal
@@ -216,9 +216,9 @@ class LocalTransport:
 
     def start(self, spec: LaunchSpec) -> LocalProcess:
         env = build_child_env(self.environ, spec)
-        body = json.dumps(
+        body = marshal.dumps(  # the agent runs this same interpreter (``watchdog.serve``)
             {"argv": list(spec.argv), "env": env, "cwd": spec.cwd, "grace_s": self.grace_s}
-        ).encode()
+        )
         lifeline, stdout, stderr, status = os.pipe(), os.pipe(), os.pipe(), os.pipe()
         theirs = [lifeline[0], stdout[1], stderr[1], status[1]]
         ours = (lifeline[1], stdout[0], stderr[0], status[0])
