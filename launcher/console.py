@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -53,6 +55,7 @@ RANK_COLORS = (
     "bright_yellow",
     "bright_blue",
 )
+STANDARD_NAMES = ("black", "red", "green", "yellow", "blue", "magenta", "cyan", "white")
 STDERR_MARK = "<stderr>"
 GROUP_COLOR = "bright_white"  # the tag of a line several ranks said
 BAR_EVERY_S = 1.0  # a piped view shows a rank's progress bar at most this often
@@ -208,6 +211,9 @@ class LineView:
         return f"{tag}{mark} "
 
     def paint(self, text: str, color: str) -> str:
+        code = SGR_COLORS.get(color)
+        if code is not None:  # what rich writes for a standard colour, in every colour system
+            return f"\x1b[{code}m{text}\x1b[0m"
         from rich.color import ColorSystem
         from rich.style import Style
 
@@ -227,11 +233,23 @@ def decode_lines(lines: list[bytes]) -> list[str]:
     return text
 
 
+SGR_COLORS = {  # the standard colours' SGR codes (rich renders them so in every system)
+    **{name: 30 + i for i, name in enumerate(STANDARD_NAMES)},
+    **{f"bright_{name}": 90 + i for i, name in enumerate(STANDARD_NAMES)},
+}
+
+
 def make_line_view(out: TextIO, err: TextIO, tag_format: str, color: bool | None) -> LineView:
-    """A LineView coloured when ``out`` is a terminal (rich decides, honouring NO_COLOR)."""
+    """A LineView coloured when ``out`` is a terminal (as rich decides, honouring NO_COLOR)."""
     if color is False or (color is None and not forced_terminal() and not out.isatty()):
         # Not a terminal, as rich would find: no need to load rich (a local launch's start).
         return LineView(out, err, tag_format=tag_format)
+    if color is None and not rich_overrides():
+        # A terminal: rich's own reading of TERM, COLORTERM and NO_COLOR, without loading
+        # rich (28 ms of a short job's start).
+        system = terminal_color_system()
+        use = system is not None and os.environ.get("NO_COLOR", "") == ""
+        return LineView(out, err, tag_format=tag_format, color=use, color_system=system)
     from rich.console import Console
 
     probe = Console(file=out, force_terminal=color)
@@ -243,9 +261,23 @@ def make_line_view(out: TextIO, err: TextIO, tag_format: str, color: bool | None
 
 def forced_terminal() -> bool:
     """Variables by which rich takes any file for a terminal (force-color.org)."""
-    import os
-
     return os.environ.get("TTY_COMPATIBLE") == "1" or bool(os.environ.get("FORCE_COLOR"))
+
+
+def rich_overrides() -> bool:
+    """Variables by which rich decides other than by the terminal alone: rich reads them."""
+    return any(name in os.environ for name in ("TTY_COMPATIBLE", "FORCE_COLOR"))
+
+
+def terminal_color_system(environ: Mapping[str, str] | None = None) -> str | None:
+    """The colour system rich finds for a terminal (``Console._detect_color_system``)."""
+    env = os.environ if environ is None else environ
+    term = env.get("TERM", "").strip().lower()
+    if env.get("TERM", "").lower() in ("dumb", "unknown"):
+        return None
+    if env.get("COLORTERM", "").strip().lower() in ("truecolor", "24bit"):
+        return "truecolor"
+    return {"kitty": "256", "256color": "256"}.get(term.rpartition("-")[2], "standard")
 
 
 def format_error(error: LauncherError) -> str:
@@ -636,6 +668,10 @@ class LiveView:
 
     Progress-bar updates (lines a bare ``\\r`` ended) are drawn in place in the
     live region, one per rank, until a newline closes them.
+
+    The live region starts ``LIVE_AFTER_S`` into the job: a job done before then (a
+    test, a short command) shows its tagged lines and one closing status line without
+    loading rich (28 ms of its start); until then lines go out through the line view.
     """
 
     def __init__(
@@ -646,9 +682,8 @@ class LiveView:
         world_size: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from rich.console import Console
-
-        self.console = Console(file=out)
+        self.out = out
+        self.console: Any = None  # rich's, once the live region starts
         self.line_view = line_view
         self.job_id = job_id
         self.world_size = world_size
@@ -658,42 +693,73 @@ class LiveView:
         self.progress: dict[int, tuple[LaunchSpec, Stream, str]] = {}  # rank -> its bar now
         self.live: Any = None
         self.attempt = 0  # --max-restarts: the job's restarts before this attempt
+        self.lock = threading.Lock()  # the live region starts between lines, never in one
+        self.timer: threading.Timer | None = None
+        self.closed = False
 
     def __enter__(self) -> LiveView:
-        from rich.live import Live
-
-        self.live = Live(
-            get_renderable=self.render,
-            console=self.console,
-            refresh_per_second=4,
-            transient=True,
-            redirect_stdout=False,
-            redirect_stderr=False,
-        )
-        self.live.start()
+        self.timer = threading.Timer(LIVE_AFTER_S, self.start_live)
+        self.timer.daemon = True
+        self.timer.start()
         return self
 
+    def start_live(self) -> None:
+        """The live region, from now on (on the timer's thread)."""
+        from rich.console import Console
+        from rich.live import Live
+
+        with self.lock:
+            if self.closed or self.live is not None:
+                return
+            self.console = Console(file=self.out)
+            self.live = Live(
+                get_renderable=self.render,
+                console=self.console,
+                refresh_per_second=4,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self.live.start()
+
     def __exit__(self, *exc: object) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        with self.lock:
+            self.closed = True
+        states = list(self.states.values())
+        ended = len(states) == self.world_size and all(s.status is not None for s in states)
+        # (else the view was given up (Ctrl-C twice) before the ends came: a status line
+        # would say "running" above the launcher's own summary of how the job ended)
         if self.live is not None:
             self.live.stop()
-            states = list(self.states.values())
-            if len(states) == self.world_size and all(s.status is not None for s in states):
+            if ended:
                 self.console.print(
                     self.status_text(self.console.width),
                     highlight=False,
                     no_wrap=True,
                     overflow="ellipsis",
                 )
-            # else the view was given up (Ctrl-C twice) before the ends came: a status line
-            # would say "running" above the launcher's own summary of how the job ended
+        elif ended:  # as rich would print it, without loading rich
+            width = terminal_width(self.out)
+            text = self.status_text(width)
+            if len(text) > width:
+                text = text[: width - 1] + "…"
+            try:
+                self.out.write(text + "\n")
+                self.out.flush()
+            except (BrokenPipeError, ValueError):
+                pass
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         self.show_group((spec,), stream, lines)
 
     def show_group(self, specs: Sequence[LaunchSpec], stream: Stream, lines: list[bytes]) -> None:
         """Lines of one rank, or lines several ranks said alike (tagged with their set)."""
-        from rich.text import Text
+        with self.lock:
+            self.show_locked(specs, stream, lines)
 
+    def show_locked(self, specs: Sequence[LaunchSpec], stream: Stream, lines: list[bytes]) -> None:
         finished = [line for line in lines if not line.endswith(b"\r")]
         if len(finished) != len(lines):
             last = next(line for line in reversed(lines) if line.endswith(b"\r"))
@@ -704,7 +770,12 @@ class LiveView:
         if not finished:
             return
         ended = [self.progress.pop(spec.rank, None) for spec in specs]
-        if any(bar is not None for bar in ended) and self.live is not None:
+        if self.live is None:  # not yet started: the bars wait for it, the lines go out
+            self.line_view.show_group(specs, stream, finished)
+            return
+        from rich.text import Text
+
+        if any(bar is not None for bar in ended):
             self.live.refresh()  # the bar goes before the line that ends it is printed
         prefix = (
             self.line_view.prefix(specs[0], stream)
@@ -782,6 +853,20 @@ class LiveView:
 
 
 MAX_BARS = 8  # more ranks drawing progress bars than this: one summary line instead
+LIVE_AFTER_S = 0.3  # the live region starts this far into a job (see LiveView)
+
+
+def terminal_width(out: TextIO) -> int:
+    """The terminal's columns as rich finds them (``COLUMNS`` first), else 80."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(out.fileno()).columns or 80
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
 PERCENT = re.compile(r"(\d+(?:\.\d+)?)%")
 
 
