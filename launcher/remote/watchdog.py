@@ -360,16 +360,19 @@ def serve() -> None:
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(wake_read, select.POLLIN)
-    while True:
-        for fd, _ in poller.poll():
-            if fd == wake_read:
-                os.read(wake_read, 4096)
-                report_exits(sock)
-                continue
-            request = receive_request(sock)
-            if request is None:
-                os._exit(0)
-            sock.sendall(spawn(*request, sock))
+    try:
+        while True:
+            for fd, _ in poller.poll():
+                if fd == wake_read:
+                    os.read(wake_read, 4096)
+                    report_exits(sock)
+                    continue
+                request = receive_request(sock)
+                if request is None:
+                    os._exit(0)
+                sock.sendall(spawn(*request, sock))
+    except OSError:  # the launcher is gone (a reset, a broken pipe): as at EOF, quietly
+        os._exit(0)
 
 
 def spawn(spec: "dict[str, Any]", fds: "list[int]", sock: "_socket.socket") -> bytes:
