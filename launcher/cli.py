@@ -10,7 +10,6 @@ fast (rule 11).
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import threading
 import time
@@ -258,6 +257,8 @@ def sweep_command(**options: Any) -> int:
     if options["as_json"]:
         lines = [results_json(sweep.id, sweep.rows(), settings.objective, settings.maximize)]
     else:
+        import shutil
+
         width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
         lines = format_results(sweep.rows(), settings.objective, settings.maximize, width, sweep.id)
     try:

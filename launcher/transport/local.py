@@ -269,7 +269,9 @@ def is_local_address(name: str) -> bool:
     Decided by address, not by name: an address is ours when we can bind to it.
     """
     try:
-        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        # An ASCII name as bytes: a str would be encoded by the idna codec (loading it).
+        host = name.encode() if name.isascii() else name
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         return False
     for family, _, _, _, sockaddr in infos:
