@@ -22,12 +22,12 @@ from pathlib import Path
 
 from launcher.config import DEFAULT_GRACE_S, JobConfig, config_from_json, config_to_json
 from launcher.errors import UsageError
+from launcher.jobid import new_job_id
 from launcher.jobs import (
     ACTIVE,
     STOP_MARK,
     JobDir,
     find_job,
-    new_job_id,
     open_private,
     process_start,
     running_jobs,

@@ -435,14 +435,17 @@ def start_agent_early(config: JobConfig, environ: dict[str, str]) -> JobConfig:
         or "SLURM_JOB_ID" in environ
     ):
         return config
-    from launcher.env import resolve_env_args
-    from launcher.jobs import new_job_id
+    from launcher.jobid import new_job_id
     from launcher.transport import localagent
 
-    try:
-        extra = resolve_env_args(config.env.exports, (), environ)
-    except LauncherError:
-        return config  # said when the job is checked
+    extra: dict[str, str] = {}
+    if config.env.exports:
+        from launcher.env import resolve_env_args
+
+        try:
+            extra = resolve_env_args(config.env.exports, (), environ)
+        except LauncherError:
+            return config  # said when the job is checked
     job_id = config.job_id or new_job_id()
     localagent.start_early({**environ, **extra, "DTRAIN_JOB_ID": job_id})
     return replace(config, job_id=job_id)

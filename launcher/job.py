@@ -33,13 +33,13 @@ from launcher.control import SOCKET_NAME, ControlServer
 from launcher.env import resolve_env_args
 from launcher.errors import HostConnectionError, LauncherError, PlanError
 from launcher.hosts import Host, parse_host_list
+from launcher.jobid import new_job_id
 from launcher.jobs import (
     STOP_MARK,
     JobDir,
     JobRecorder,
     end_record,
     jobs_root,
-    new_job_id,
     open_private,
     prepare_output_dir,
     record_attempt,

@@ -43,11 +43,6 @@ RUNNING = "running"
 ACTIVE = (RUNNING, "starting", "restarting")  # a launcher is at work on the job
 
 
-def new_job_id(clock: Callable[[], float] = time.time) -> str:
-    """A sortable, unique id: ``20261122-035012-a1b2c3``."""
-    return time.strftime("%Y%m%d-%H%M%S", time.localtime(clock())) + "-" + os.urandom(3).hex()
-
-
 def jobs_root(option: str | None, environ: Mapping[str, str]) -> Path:
     """``--job-dir``, else ``$DTRAIN_JOB_DIR``, else ``~/.dtrain/jobs``."""
     return Path(option or environ.get("DTRAIN_JOB_DIR") or DEFAULT_ROOT).expanduser()

@@ -41,13 +41,13 @@ from launcher.config import (
 )
 from launcher.errors import UsageError
 from launcher.hosts import Host
+from launcher.jobid import new_job_id
 from launcher.jobs import (
     ACTIVE,
     JobDir,
     LogLine,
     LogReader,
     make_private_dir,
-    new_job_id,
     open_private,
     process_start,
     read_json,

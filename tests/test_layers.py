@@ -15,6 +15,7 @@ LAYERS = [
         "pure",
         {
             "config",
+            "jobid",
             "hostlist",
             "hosts",
             "plan",
