@@ -426,7 +426,7 @@ def test_a_watchdog_killed_alone_fails_its_rank_and_leaves_nothing(mark: str) ->
     pids = wait_for_pids(mark, 1 + 2 * 3)  # the local agent; per rank: watchdog, sh, sleep
     shell = next(p for p in pids if Path(f"/proc/{p}/comm").read_text().strip() == "sh")
     watchdog = int(Path(f"/proc/{shell}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
-    assert b"watchdog.py" in Path(f"/proc/{watchdog}/cmdline").read_bytes()
+    assert b"watchdog.serve()" in Path(f"/proc/{watchdog}/cmdline").read_bytes()
     # The local agent started before the ranks were planned: its watchdogs carry the job.
     assert re.search(
         rb"\0DTRAIN_JOB_ID=\d{8}-\d{6}-\w{6}\0", Path(f"/proc/{watchdog}/environ").read_bytes()

@@ -22,7 +22,7 @@ environment, working directory), so remote hosts need no dtrain and the
 environment never meets the command line's length limit or sshd's
 AcceptEnv.
 
-On the launcher's own machine one ``watchdog.py --serve`` process (the local
+On the launcher's own machine one ``serve()`` process (the local
 agent, ``serve`` below) forks every local rank's watchdog: a fork of a
 small idle interpreter instead of a new interpreter per rank (about 25 ms of
 CPU each).  Each forked watchdog is the same as one started alone: its own

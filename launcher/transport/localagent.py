@@ -1,4 +1,4 @@
-"""The local agent: one ``python -I -S watchdog.py --serve`` that forks every local rank's
+"""The local agent: one ``python -I -S`` running ``watchdog.serve()`` that forks every local rank's
 watchdog (light imports: it may start before the rest of dtrain is loaded).
 
 A job that runs on this machine alone starts its agent early (``start_early``), as soon
@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from launcher import remote
 
 WATCHDOG = remote.path("watchdog")
+# Imported, not run as a script: its bytecode is cached (a script is compiled at every start).
+SERVE = f"import sys; sys.path[:0] = [{str(WATCHDOG.parent)!r}]; import watchdog; watchdog.serve()"
 LOST_POLL_S = 0.05  # without the local agent, how often to look for a watchdog's end
 AGENT_EXIT_S = 5.0  # the local agent exits at once when its socket closes; at most this
 JOB_ID = "DTRAIN_JOB_ID"
@@ -37,7 +39,7 @@ def process_alive(pid: int) -> bool:
 
 
 class LocalAgent:
-    """``python -I -S watchdog.py --serve``: one process that forks every local rank's watchdog.
+    """``watchdog.serve()`` in ``python -I -S``: one process that forks every local rank's watchdog.
 
     The ranks' pipes are made here and handed over on a Unix socket; the agent answers each
     request with the watchdog's pid, and tells when a watchdog exits (it reaps them).  If the
@@ -48,7 +50,7 @@ class LocalAgent:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.popen = subprocess.Popen(
-                [python, "-I", "-S", str(WATCHDOG), "--serve"],
+                [python, "-I", "-S", "-c", SERVE],
                 stdin=theirs.fileno(),
                 stdout=subprocess.DEVNULL,
                 env=dict(env),
