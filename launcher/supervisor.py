@@ -48,7 +48,7 @@ from launcher.policy import (
     start_state,
 )
 from launcher.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
-from launcher.transport.base import Transport
+from launcher.transport.base import Process, Transport
 
 LOG = logging.getLogger("dtrain")  # --verbose shows it
 
@@ -151,10 +151,7 @@ class Supervisor:
         state = start_state(frozenset())
         with caught_signals(self.on_signal, self.handle_signals):
             try:
-                for spec in self.specs:
-                    if self.stop_requested:
-                        break  # Ctrl-C during start-up: start no more ranks
-                    self.start(spec)
+                self.start_all()
                 state = start_state(frozenset(self.runs), self.roles, self.worker_restarts)
                 state = self.loop(state)
                 self.drain()
@@ -360,8 +357,34 @@ class Supervisor:
 
     # -- starting and stopping ranks ---------------------------------------
 
+    def start_all(self) -> None:
+        """Every rank asked for before any is tracked: a transport may start one while the
+        next is asked for (the local agent forks a watchdog while the launcher prepares the
+        next rank).  A rank that cannot start fails the job, once every rank asked for is
+        tracked, so that the teardown ends them all."""
+        launched: list[tuple[LaunchSpec, Process]] = []
+        error: BaseException | None = None
+        for spec in self.specs:
+            if self.stop_requested:
+                break  # Ctrl-C during start-up: start no more ranks
+            try:
+                launched.append((spec, self.transport.start(spec)))
+            except BaseException as exc:
+                error = exc
+                break
+        for spec, process in launched:
+            try:
+                self.track(spec, process)
+            except BaseException as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
     def start(self, spec: LaunchSpec, restarts: int = 0) -> None:
-        process = self.transport.start(spec)
+        self.track(spec, self.transport.start(spec), restarts)
+
+    def track(self, spec: LaunchSpec, process: Process, restarts: int = 0) -> None:
+        """A started rank: its state, its streams read, its exit awaited."""
         state = RankState(
             spec.rank, spec.host.name, spec.role, process.pid, self.clock.wall(), restarts=restarts
         )

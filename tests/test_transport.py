@@ -314,3 +314,50 @@ def test_invoke_loads_only_when_an_ssh_config_runs_match_exec() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_requests_to_the_local_agent_are_answered_in_order_without_waiting() -> None:
+    """Eight watchdogs asked for before any answer is read: each ticket gets its own pid."""
+    from launcher.transport.localagent import LocalAgent
+
+    agent = LocalAgent(sys.executable, dict(os.environ))
+    import marshal
+
+    body = marshal.dumps(
+        {"argv": ["sh", "-c", "exit $0", "7"], "env": dict(os.environ), "cwd": None, "grace_s": 1}
+    )
+    tickets, ends = [], []
+    for _ in range(8):
+        pipes = [os.pipe() for _ in range(4)]
+        tickets.append(agent.request(body, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]]))
+        for fd in (pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]):
+            os.close(fd)
+        ends.append(pipes)
+    pids = [ticket.pid() for ticket in tickets]
+    assert len(set(pids)) == 8
+    for pid, pipes in zip(pids, ends, strict=True):
+        assert os.read(pipes[3][0], 16).strip() == b"7"  # each watchdog reports its own rank
+        assert agent.wait_exit(pid, 10) == 7
+        for fd in (pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0]):
+            os.close(fd)
+    agent.close()
+
+
+def test_a_rank_the_agent_cannot_fork_fails_with_its_pipes_closed() -> None:
+    from launcher.errors import LauncherError
+    from launcher.transport.local import LocalProcess
+    from launcher.transport.localagent import Ticket
+
+    ticket = Ticket()
+    ticket.answer(b"! [Errno 11] Resource temporarily unavailable")
+    pipes = [os.pipe() for _ in range(4)]
+    ours = (pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0])
+    spec = LaunchSpec(3, Host("localhost"), 0, argv=("true",), env={})
+    process = LocalProcess(spec, None, ticket, ours)  # type: ignore[arg-type]
+    with pytest.raises(LauncherError, match=r"cannot start rank 3 on localhost: \[Errno 11\]"):
+        process.pid  # noqa: B018
+    for fd in ours:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    for fd in (pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]):
+        os.close(fd)

@@ -69,7 +69,12 @@ class Process(Protocol):
     """A started rank: its streams, its exit, its process group."""
 
     spec: LaunchSpec
-    pid: int
+
+    @property
+    def pid(self) -> int:
+        """Its process group (the watchdog's pid), once known (a local rank's: it may wait
+        for the agent's answer; a remote rank's: once its agent said it, see ``started``)."""
+        ...
 
     @property
     def cause(self) -> str | None:

@@ -18,7 +18,7 @@ from launcher.errors import LauncherError
 from launcher.transport import localagent
 from launcher.transport.base import RankFeed, Stream
 from launcher.transport.feeds import PipeReader
-from launcher.transport.localagent import LocalAgent
+from launcher.transport.localagent import LocalAgent, Ticket
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 KILL_FALLBACK_S = 1.0  # SIGKILL the group ourselves if the watchdog has not done it
@@ -31,19 +31,23 @@ def build_child_env(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]
 
 
 class LocalProcess:
-    """A rank on this machine: its watchdog (forked by the local agent) and its pipes."""
+    """A rank on this machine: its watchdog (forked by the local agent) and its pipes.
+
+    Its pid is the agent's answer to the request (``ticket``), read the first time it is
+    needed: the launcher asks for every rank before it waits for the first answer."""
 
     def __init__(
         self,
         spec: LaunchSpec,
         agent: LocalAgent,
-        pid: int,
+        ticket: Ticket,
         pipes: tuple[int, int, int, int],  # our ends: lifeline, stdout, stderr, status
         readers: tuple[PipeReader, PipeReader] | None = None,  # output, statuses: ``attach``
     ) -> None:
         self.spec = spec
         self.agent = agent
-        self.pid = pid
+        self.ticket = ticket
+        self.known_pid: int | None = None
         self.readers = readers
         lifeline, stdout, stderr, status = pipes
         self.files: dict[Stream, IO[bytes]] = {
@@ -53,6 +57,23 @@ class LocalProcess:
         self.lifeline = os.fdopen(lifeline, "wb", buffering=0)
         self.status_fd = status  # the watchdog's report: the program's status, out of band
         self.cause: str | None = None
+
+    @property
+    def pid(self) -> int:
+        """The watchdog's pid (waits for the agent's answer the first time); a rank the agent
+        could not start is a LauncherError here, its pipes closed."""
+        if self.known_pid is None:
+            try:
+                self.known_pid = self.ticket.pid()
+            except OSError as exc:
+                for file in (*self.files.values(), self.lifeline):
+                    file.close()
+                os.close(self.status_fd)
+                raise LauncherError(
+                    f"cannot start rank {self.spec.rank} on localhost: {exc}",
+                    "check the limits on processes and open files (ulimit -u, -n)",
+                ) from None
+        return self.known_pid
 
     def read(self, stream: Stream, size: int) -> bytes:
         file = self.files[stream]
@@ -223,7 +244,7 @@ class LocalTransport:
         theirs = [lifeline[0], stdout[1], stderr[1], status[1]]
         ours = (lifeline[1], stdout[0], stderr[0], status[0])
         try:
-            agent, pid = self.spawn(env, body, theirs)
+            agent, ticket = self.spawn(env, body, theirs)
         except OSError as exc:
             for fd in ours:
                 os.close(fd)
@@ -233,13 +254,15 @@ class LocalTransport:
             ) from None
         finally:
             for fd in theirs:
-                os.close(fd)  # the watchdog's copies are the only ones
-        return LocalProcess(spec, agent, pid, ours, self.readers)
+                os.close(fd)  # sent (the agent holds them now): the watchdog's are the only ones
+        return LocalProcess(spec, agent, ticket, ours, self.readers)
 
-    def spawn(self, env: Mapping[str, str], body: bytes, fds: list[int]) -> tuple[LocalAgent, int]:
-        """The watchdog's agent and pid.  A new agent if there is none, or if the last one is
-        gone (its watchdogs go on, and their ends are still seen); no second try once a
-        request was sent (a watchdog may have started: a rank runs once)."""
+    def spawn(
+        self, env: Mapping[str, str], body: bytes, fds: list[int]
+    ) -> tuple[LocalAgent, Ticket]:
+        """The watchdog's agent and the request for it.  A new agent if there is none, or if
+        the last one is gone (its watchdogs go on, and their ends are still seen); no second
+        try once a request was sent (a watchdog may have started: a rank runs once)."""
         if self.agent is not None and self.agent.popen.poll() is not None:
             self.agent.lost = True  # it died (its socket's end may not be read yet)
         if self.agent is not None and self.agent.lost:
@@ -247,7 +270,7 @@ class LocalTransport:
             self.agent = None
         if self.agent is None:
             self.agent = localagent.take(env, self.python)
-        return self.agent, self.agent.spawn(body, fds)
+        return self.agent, self.agent.request(body, fds)
 
     def close(self) -> None:
         if self.agent is not None:

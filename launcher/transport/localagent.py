@@ -10,13 +10,13 @@ watchdogs it forks show them in ``/proc`` (a job's processes are found by them).
 
 from __future__ import annotations
 
-import queue
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 
 from launcher import remote
@@ -36,6 +36,27 @@ def process_alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except (OSError, IndexError):
         return False
+
+
+class Ticket:
+    """A request to the local agent: the watchdog's pid once the agent answered it."""
+
+    def __init__(self) -> None:
+        self.answered = threading.Event()
+        self.text = b""
+
+    def answer(self, text: bytes) -> None:
+        self.text = text
+        self.answered.set()
+
+    def pid(self) -> int:
+        """The watchdog's pid (waits for the answer); OSError if it could not start."""
+        self.answered.wait()
+        if self.text.startswith(b"!"):  # it could not fork
+            raise OSError(self.text[1:].decode(errors="replace").strip())
+        if not self.text.isdigit():
+            raise ConnectionError("dtrain's local agent is gone")
+        return int(self.text)
 
 
 class LocalAgent:
@@ -65,26 +86,35 @@ class LocalAgent:
         self.python = python
         self.job_id = env.get(JOB_ID)
         self.lock = threading.Lock()  # one request at a time
-        self.answers: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self.tickets: deque[Ticket] = deque()  # requests sent, answered in order
         self.exits: dict[int, int] = {}
         self.on_exit: dict[int, Callable[[], None]] = {}  # pid -> call once it exited
         self.changed = threading.Condition()
         self.lost = False  # the agent is gone: no more exit reports
         threading.Thread(target=self.listen, name="dtrain-local-agent", daemon=True).start()
 
-    def spawn(self, body: bytes, fds: list[int]) -> int:
-        """Ask for a watchdog with these pipe ends (sent, not closed); its pid."""
+    def request(self, body: bytes, fds: list[int]) -> Ticket:
+        """Ask for a watchdog with these pipe ends (sent, not closed; they may be closed once
+        this returns); its pid comes with the ticket's answer.  Several requests may be on
+        their way: the agent forks one watchdog while the launcher sends the next."""
+        ticket = Ticket()
         with self.lock:
             if self.lost:
                 raise ConnectionError("dtrain's local agent is gone")
-            socket.send_fds(self.sock, [b"%010d" % len(body)], fds)
-            self.sock.sendall(body)
-            answer = self.answers.get()
-        if answer.startswith(b"!"):  # it could not fork
-            raise OSError(answer[1:].decode(errors="replace").strip())
-        if not answer.isdigit():
-            raise ConnectionError("dtrain's local agent is gone")
-        return int(answer)
+            with self.changed:
+                self.tickets.append(ticket)
+            try:
+                socket.send_fds(self.sock, [b"%010d" % len(body)], fds)
+                self.sock.sendall(body)
+            except OSError:
+                with self.changed:
+                    self.tickets.remove(ticket)
+                raise
+        return ticket
+
+    def spawn(self, body: bytes, fds: list[int]) -> int:
+        """A watchdog with these pipe ends: its pid, once the agent answered."""
+        return self.request(body, fds).pid()
 
     def listen(self) -> None:
         """Answers to requests go to ``spawn``; exit reports are kept for ``wait_exit``."""
@@ -108,12 +138,17 @@ class LocalAgent:
                     if call is not None:
                         call()
                 else:
-                    self.answers.put(line)
+                    with self.changed:
+                        ticket = self.tickets.popleft() if self.tickets else None
+                    if ticket is not None:
+                        ticket.answer(line)
         with self.changed:
             self.lost = True
             self.changed.notify_all()
             waiting, self.on_exit = self.on_exit, {}
-        self.answers.put(b"")  # a request in flight gets no answer
+            unanswered, self.tickets = list(self.tickets), deque()
+        for ticket in unanswered:  # requests in flight get no answer
+            ticket.answer(b"")
         for watchdog, at_exit in waiting.items():  # nobody tells now: watched by their pids
             self.call_at_exit(watchdog, at_exit)
 
