@@ -900,30 +900,23 @@ class TerminalFrontend:
     def show_phases(self) -> None:
         """While dtrain connects to hosts and starts their agents, one line on a terminal says
         which phase it is in and how many hosts are done (it goes when the job's view opens)."""
-        import logging
+        from launcher.log import PHASES
 
         if not (self.err.isatty() and not self.config.as_json and not self.config.quiet):
             return
         err = self.err
 
-        class PhaseLine(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                err.write(f"\r\x1b[2Kdtrain: {record.getMessage()}")
-                err.flush()
+        def show(text: str) -> None:
+            err.write(f"\r\x1b[2Kdtrain: {text}")
+            err.flush()
 
-        self.phase_handler: logging.Handler | None = PhaseLine()
-        logger = logging.getLogger("dtrain.phase")
-        logger.addHandler(self.phase_handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+        PHASES.sink = show
 
     def end_phases(self) -> None:
-        handler = getattr(self, "phase_handler", None)
-        if handler is not None:
-            import logging
+        from launcher.log import PHASES
 
-            logging.getLogger("dtrain.phase").removeHandler(handler)
-            self.phase_handler = None
+        if PHASES.sink is not None:
+            PHASES.sink = None
             self.err.write("\r\x1b[2K")  # the phase line goes
             self.err.flush()
 

@@ -12,7 +12,6 @@ tests on a fake transport without a process.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import sys
@@ -45,6 +44,7 @@ from launcher.jobs import (
     record_attempt,
     write_json,
 )
+from launcher.log import LOG
 from launcher.outcome import JobResult, OutputSink
 from launcher.outlets import Fanout, Outlet
 from launcher.plan import (
@@ -86,7 +86,6 @@ from launcher.transport.local import LocalTransport, detect_local_gpus, is_local
 if TYPE_CHECKING:  # loaded when needed: a plain local job needs neither mpirun nor stacks
     from launcher.stacks import StackGroup
 
-LOG = logging.getLogger("dtrain")  # --verbose shows it
 VIEW_PATIENCE_S = 2.0  # after Ctrl-C/SIGTERM, how long the view may take to show what is left
 MPI4PY_WARNING = (
     "dtrain: warning: this looks like an mpi4py program; without --mpi every rank is an MPI "

@@ -11,7 +11,6 @@ through the injected clock.
 
 from __future__ import annotations
 
-import logging
 import queue
 import signal
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 from launcher.clock import Clock, SystemClock
 from launcher.collapse import rank_set
 from launcher.command import LaunchSpec
+from launcher.log import LOG
 from launcher.outcome import JobResult, OutputSink, RankReport, RankState, build_rank_report
 from launcher.outlets import Fanout, Outlet
 from launcher.policy import (
@@ -49,8 +49,6 @@ from launcher.policy import (
 )
 from launcher.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
 from launcher.transport.base import Process, Transport
-
-LOG = logging.getLogger("dtrain")  # --verbose shows it
 
 __all__ = ["Signalled", "Supervisor", "caught_signals"]
 

@@ -9,7 +9,6 @@ rendezvous) and returns the facts as a pure ``Site`` beside the open agents.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import socket
@@ -24,6 +23,7 @@ from launcher.command import is_python_script
 from launcher.config import JobConfig, SshConfig, check_host_sources
 from launcher.errors import HostConnectionError, LauncherError, UsageError
 from launcher.hosts import Host, parse_host_list, parse_hostfile
+from launcher.log import LOG, PHASES
 from launcher.plan import Cpu, Plan
 from launcher.remote.probe import cpus as probe_cpus
 from launcher.specs import Site
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from launcher.transport.slurm import Allocation
     from launcher.transport.ssh import HostReport
 
-LOG = logging.getLogger("dtrain")  # --verbose shows it
-PHASE = logging.getLogger("dtrain.phase")  # what the survey is at: the terminal's status line
 
 GPU_BUSY_UTILIZATION = 5  # percent
 GPU_BUSY_MEMORY_MIB = 500
@@ -249,12 +247,12 @@ def open_connections(
         from launcher.transport.slurm import srun_connections
 
         LOG.debug("reaching %d node(s) through srun", len(hosts))
-        PHASE.info("starting %d srun step(s)", len(hosts))
+        PHASES.info("starting %d srun step(s)", len(hosts))
         return dict(srun_connections(hosts, environ))
     from launcher.transport.ssh import connect_all
 
     LOG.debug("connecting to %d host(s) over ssh", len(hosts))
-    PHASE.info("connecting to %d host(s) over ssh", len(hosts))
+    PHASES.info("connecting to %d host(s) over ssh", len(hosts))
     return dict(connect_all(hosts, settings, ssh_config))
 
 
@@ -318,7 +316,7 @@ def probe_remote_hosts(
         ssh = config.ssh
         opened = HostAgent.open(connection, sys.executable, args, ssh.timeout_s, ssh.host_timeout_s)
         started.append(name)
-        PHASE.info("starting agents: %d of %d hosts ready", len(started), len(survey.connections))
+        PHASES.info("starting agents: %d of %d hosts ready", len(started), len(survey.connections))
         return opened
 
     settings = ssh_settings(config.ssh)

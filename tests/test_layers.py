@@ -10,7 +10,7 @@ import pytest
 LAUNCHER = Path(__file__).resolve().parent.parent / "launcher"
 # Lowest first; a module may import its own layer and those below it.
 LAYERS = [
-    ("base", {"errors", "codecache", "lazy"}),
+    ("base", {"errors", "codecache", "lazy", "log"}),
     (
         "pure",
         {

@@ -15,16 +15,16 @@ never feed output, so the kill path never waits on it.
 
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import selectors
 import threading
 from collections.abc import Callable
 
+from launcher.log import Log
 from launcher.outcome import READ_BYTES
 
-LOG = logging.getLogger("dtrain.feeds")
+LOG = Log("dtrain.feeds")
 
 Chunk = Callable[[bytes], None]  # a pipe's chunks as they come, then b"" at its end
 

@@ -30,6 +30,7 @@ from launcher import remote
 from launcher.command import LaunchSpec, build_remote_command
 from launcher.errors import HostConnectionError
 from launcher.hosts import Host
+from launcher.log import LOG
 from launcher.outcome import STREAMS
 from launcher.remote import agent, watchdog
 from launcher.transport.base import RankFeed, Stream, run_parallel
@@ -39,7 +40,6 @@ from launcher.transport.sshlib import paramiko
 # paramiko logs its own tracebacks on failed connections; dtrain reports them in one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
-LOG = logging.getLogger("dtrain")  # --verbose shows it
 
 KEEPALIVE_S = 15
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"  # ssh's defaults
