@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import threading
 import time
@@ -81,7 +80,12 @@ from launcher.survey import (
     survey_hosts,
 )
 from launcher.transport.base import RoutedTransport, Transport
-from launcher.transport.local import LocalTransport, detect_local_gpus, is_local_address
+from launcher.transport.local import (
+    LocalTransport,
+    detect_local_gpus,
+    find_program,
+    is_local_address,
+)
 
 if TYPE_CHECKING:  # loaded when needed: a plain local job needs neither mpirun nor stacks
     from launcher.stacks import StackGroup
@@ -433,7 +437,7 @@ def interpreter_note(command: Sequence[str], environ: Mapping[str, str]) -> str 
     PATH's python, not the environment's (a classic surprise): say which."""
     if not command or command[0] not in ("python", "python3") or sys.prefix == sys.base_prefix:
         return None
-    found = shutil.which(command[0], path=environ.get("PATH"))
+    found = find_program(command[0], environ.get("PATH"))
     ours = Path(sys.executable).parent
     if found is None or Path(found).parent.resolve() == ours.resolve():
         return None

@@ -21,7 +21,6 @@ import json
 import math
 import os
 import re
-import shutil
 import socket
 import threading
 import time
@@ -459,6 +458,8 @@ def parse_duration(text: str) -> float:
 
 
 def remove_job(job: JobDir) -> None:
+    import shutil  # (not at the top: it loads bz2 and lzma, for every job's start)
+
     shutil.rmtree(job.path, ignore_errors=True)
 
 

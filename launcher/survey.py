@@ -10,7 +10,6 @@ rendezvous) and returns the facts as a pure ``Site`` beside the open agents.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -28,7 +27,12 @@ from launcher.plan import Cpu, Plan
 from launcher.remote.probe import cpus as probe_cpus
 from launcher.specs import Site
 from launcher.transport.base import run_parallel
-from launcher.transport.local import detect_local_gpus, find_free_ports, is_local_address
+from launcher.transport.local import (
+    detect_local_gpus,
+    find_free_ports,
+    find_program,
+    is_local_address,
+)
 
 if TYPE_CHECKING:
     from launcher.transport.slurm import Allocation
@@ -51,11 +55,13 @@ def read_text(path: str, what: str) -> str:
 
 def slurm_allocation(config: JobConfig, environ: Mapping[str, str]) -> Allocation | None:
     """The Slurm allocation whose nodes the job runs on through srun (None: not so)."""
+    placement = config.placement
+    if placement.transport == "ssh" or (
+        placement.transport == "auto" and not environ.get("SLURM_JOB_ID")
+    ):
+        return None  # (without loading the Slurm transport)
     from launcher.transport.slurm import allocation_from
 
-    placement = config.placement
-    if placement.transport == "ssh":
-        return None
     allocation = allocation_from(environ)
     if placement.transport == "slurm" and allocation is None:
         raise UsageError(
@@ -70,11 +76,13 @@ def slurm_allocation(config: JobConfig, environ: Mapping[str, str]) -> Allocatio
 def allocation_hosts(config: JobConfig, environ: Mapping[str, str]) -> Allocation | None:
     """The Slurm allocation the job's hosts come from: inside one without -H, --hostfile or
     a discovery script, whichever transport starts the ranks (None: not so)."""
-    from launcher.transport.slurm import allocation_from
-
     placement = config.placement
     if placement.hosts_given or placement.host_discovery_script:
         return None
+    if not environ.get("SLURM_JOB_ID"):
+        return None  # (as allocation_from says, without loading the Slurm transport)
+    from launcher.transport.slurm import allocation_from
+
     return allocation_from(environ)
 
 
@@ -415,7 +423,7 @@ def check_local_program(
     elif "/" in program:
         if not Path(workdir, program).exists():
             raise UsageError(f"program {program} not found on localhost", "check the path")
-    elif shutil.which(program, path=environ.get("PATH")) is None:
+    elif find_program(program, environ.get("PATH")) is None:
         raise UsageError(
             f"program {program!r} not found on PATH on localhost",
             "check the spelling, install it, or give its full path",

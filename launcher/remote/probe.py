@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -52,6 +51,8 @@ def cpus() -> list[list[int]]:
 
 
 def gpus() -> list[dict[str, str]]:
+    import shutil  # (here: the launcher imports this module too, and shutil costs its start)
+
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return []
@@ -123,6 +124,8 @@ def find_program(program: str, cwd: str, path: str) -> str | None:
     if "/" in program:
         target = os.path.join(cwd, program)
         return target if os.path.exists(target) else None
+    import shutil
+
     return shutil.which(program, path=path)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import marshal
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -307,13 +306,26 @@ def is_local_address(name: str) -> bool:
     return False
 
 
+def find_program(name: str, path: str | None) -> str | None:
+    """``shutil.which`` on POSIX (whose module loads bz2 and lzma: a short job's start):
+    ``name`` itself if it holds a slash, else the first executable file of that name on
+    ``path`` (``os.defpath`` when None)."""
+    if "/" in name:
+        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
+    for folder in (os.defpath if path is None else path).split(os.pathsep):
+        candidate = os.path.join(folder or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
 def detect_local_gpus(environ: Mapping[str, str]) -> tuple[str, ...]:
     """GPU ids usable here: ``CUDA_VISIBLE_DEVICES`` if set, else what nvidia-smi lists."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         ids = tuple(v.strip() for v in visible.split(",") if v.strip())
         return () if ids[:1] == ("-1",) else ids
-    smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    smi = find_program("nvidia-smi", environ.get("PATH"))
     if smi is None:
         return ()
     try:
