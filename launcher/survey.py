@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -107,6 +106,8 @@ DISCOVERY_TIMEOUT_S = 30.0
 
 def discover_hosts(script: str) -> list[Host]:
     """Run ``--host-discovery-script`` (horovodrun's): one ``host[:slots]`` per line."""
+    import subprocess
+
     try:
         done = subprocess.run(
             [script], capture_output=True, text=True, timeout=DISCOVERY_TIMEOUT_S, check=False

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 
@@ -51,7 +50,8 @@ def cpus() -> list[list[int]]:
 
 
 def gpus() -> list[dict[str, str]]:
-    import shutil  # (here: the launcher imports this module too, and shutil costs its start)
+    import shutil  # (here: the launcher imports this module too: both cost its start)
+    import subprocess
 
     smi = shutil.which("nvidia-smi")
     if smi is None:

@@ -6,7 +6,6 @@ import marshal
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -328,6 +327,8 @@ def detect_local_gpus(environ: Mapping[str, str]) -> tuple[str, ...]:
     smi = find_program("nvidia-smi", environ.get("PATH"))
     if smi is None:
         return ()
+    import subprocess
+
     try:
         out = subprocess.run(
             [smi, "--query-gpu=index", "--format=csv,noheader"],

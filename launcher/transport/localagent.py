@@ -10,9 +10,9 @@ watchdogs it forks show them in ``/proc`` (a job's processes are found by them).
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +36,55 @@ def process_alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except (OSError, IndexError):
         return False
+
+
+class Spawned:
+    """A child started by ``posix_spawn`` in a session of its own, stdin ``stdin``, stdout
+    /dev/null: what the agent needs of ``subprocess.Popen`` (whose module, and its fork and
+    exec, cost the start of a short job more)."""
+
+    def __init__(self, argv: list[str], stdin: int, env: Mapping[str, str]) -> None:
+        self.pid = os.posix_spawn(
+            argv[0],
+            argv,
+            dict(env),
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, stdin, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+            ],
+            setsid=True,
+        )
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """Its exit status once it exited (reaped here), else None."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: gone, status unknown
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit status; None if it still runs after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 class Ticket:
@@ -70,13 +119,8 @@ class LocalAgent:
     def __init__(self, python: str, env: Mapping[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.popen = subprocess.Popen(
-                [python, "-I", "-S", "-c", SERVE],
-                stdin=theirs.fileno(),
-                stdout=subprocess.DEVNULL,
-                env=dict(env),
-                start_new_session=True,  # a Ctrl-C at the terminal is the launcher's to handle
-            )
+            # (in its own session: a Ctrl-C at the terminal is the launcher's to handle)
+            self.popen = Spawned([python, "-I", "-S", "-c", SERVE], theirs.fileno(), env)
         except OSError:
             ours.close()
             raise
@@ -198,9 +242,7 @@ class LocalAgent:
         except OSError:
             pass
         self.sock.close()
-        try:
-            self.popen.wait(AGENT_EXIT_S)
-        except subprocess.TimeoutExpired:
+        if self.popen.wait(AGENT_EXIT_S) is None:
             self.popen.kill()
             self.popen.wait()
 
