@@ -93,6 +93,12 @@ def time_planning(hosts: int, job_dir: Path) -> dict[str, float]:
     return {"plan_s": planned - began, "specs_s": built - surveyed}
 
 
+def current_rss() -> int:
+    """This process's resident memory now, in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def peak_sampler(into: dict[str, int], stop: threading.Event) -> None:
     while not stop.wait(0.05):
         into["threads"] = max(into.get("threads", 0), threading.active_count())
@@ -111,6 +117,7 @@ def run_job_once(hosts: int, job_dir: Path, fail: bool) -> dict[str, Any]:
     stop = threading.Event()
     sampler = threading.Thread(target=peak_sampler, args=(peaks, stop), daemon=True)
     sampler.start()
+    base_rss = current_rss()  # dtrain loaded and the hosts planned once: before any rank
     cpu0, began = time.process_time(), time.monotonic()
     outcome = run_job(
         config_for(hosts, job_dir),
@@ -139,6 +146,7 @@ def run_job_once(hosts: int, job_dir: Path, fail: bool) -> dict[str, Any]:
         "teardown_exit_s": (ended - transport.first_failure)
         if fail and transport.first_failure
         else None,
+        "base_rss": base_rss,
         "threads": peaks.get("threads", 0),
         "fds": peaks.get("fds", 0),
         "logged_lines": sum(p.read_bytes().count(b"\n") for p in job_dir.glob("*/rank.*.log")),
@@ -197,6 +205,7 @@ def run(quick: bool) -> Any:
                 f"{r['cpu_s'] / ranks * 1000:.2f}",
                 f"{r['cpu_s'] / r['hosts'] * 1000:.1f}",
                 f"{r['peak_rss'] / 2**20:.0f}",
+                f"{(r['peak_rss'] - r['base_rss']) / ranks / 1024:.1f}",
                 f"{r['threads']:,}",
                 f"{r['fds']:,}",
                 f"{r['start_s']:.2f}",
@@ -218,7 +227,8 @@ def run(quick: bool) -> Any:
         "jitter), prints 10 lines, exits 0 after 0.2 s; the real job layer plans, builds the "
         "specs, supervises, and writes the job directory (every line, status.json). One fresh "
         "process per size. CPU: the launcher process (all threads; the simulator's one scheduler "
-        "thread included). Teardown: rank 0 fails after 0.5 s, the others run until signalled; "
+        "thread included). RSS per rank: the peak less the RSS before the job started, per rank. "
+        "Teardown: rank 0 fails after 0.5 s, the others run until signalled; "
         "from its failure until every rank exited / until `run_job` returned.",
         "",
         f"Machine: {machine_line(machine)}.",
@@ -232,6 +242,7 @@ def run(quick: bool) -> Any:
                 "CPU ms / rank",
                 "CPU ms / host",
                 "peak RSS MiB",
+                "RSS KiB / rank",
                 "threads",
                 "fds",
                 "all running s",

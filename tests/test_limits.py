@@ -70,6 +70,7 @@ def test_the_wall_clock_limit(mark: str) -> None:
     )
     assert result.returncode == 124
     assert result.stderr.strip().splitlines()[-1] == (
-        "dtrain: the job ran longer than --timeout 1 s; stopped 2 ranks; dtrain exits 124"
+        "dtrain: the job ran longer than --timeout 1 s (rank(s) 0-1 on localhost still running); "
+        "stopped 2 ranks; dtrain exits 124"
     )
     assert wait_until_gone(mark) == []

@@ -22,7 +22,15 @@ import pytest
 from launcher.errors import UsageError
 from launcher.hosts import Host
 from launcher.transport.slurm import allocation_from
-from tests.conftest import DTRAIN, REPO, child_env, run_dtrain, wait_for_pids, wait_until_gone
+from tests.conftest import (
+    DTRAIN,
+    REPO,
+    child_env,
+    marked_pids,
+    run_dtrain,
+    wait_for_pids,
+    wait_until_gone,
+)
 from tests.slurmcluster import SlurmCluster
 from tests.slurmlocal import OneNodeSlurm, unavailable_reason
 from tests.testhosts import processes_in
@@ -304,9 +312,13 @@ def test_scancel_on_three_slurm_nodes(
     else:
         batch = ["sbatch", "-N3", "-n6", f"--job-name={name}", f"--output={tmp_path}/out.txt"]
         slurm_cluster.run([*batch, "--wrap", shlex.join(run)], env=env, check=True, cwd=REPO)
-    pids = wait_for_pids(mark, 6)
+    wait_for_pids(mark, 6)
     nodes = set(slurm_cluster.names)
-    assert nodes <= {node_of(slurm_cluster, pid) for pid in pids}
+    # (the first six may all be on node1: mpirun and its watchdog before the ranks elsewhere)
+    deadline = time.monotonic() + 30
+    while not nodes <= (found := {node_of(slurm_cluster, pid) for pid in marked_pids(mark)}):
+        assert time.monotonic() < deadline, f"the job's processes are on {found} only"
+        time.sleep(0.1)
     steps = wait_for_steps(slurm_cluster, 4 if mpi else 3)  # the agents' (and mpirun's daemons')
     assert nodes <= {step.split()[1] for step in steps}
     job_id = slurm_cluster.run(["squeue", "-h", "-n", name, "-o", "%i"], check=True).stdout.strip()

@@ -183,7 +183,9 @@ def test_a_wall_clock_limit_stops_the_job_with_124() -> None:
         {0: ({}, None, False), 1: ({}, None, False)}, TimeLimits(total_s=60)
     )
     assert result.exit_code == 124 and result.failure is None
-    assert result.timeout == "the job ran longer than --timeout 60 s"
+    assert result.timeout == (
+        "the job ran longer than --timeout 60 s (rank(s) 0-1 on h still running)"
+    )
     assert transport.started[0].signal_times == [1060.0]  # exactly at the limit
     assert result.stopped == 2
 
