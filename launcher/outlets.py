@@ -8,6 +8,10 @@ writes), unless the outlet is lossy (``--lossy-view``), which then drops the
 lines and counts them.  The supervisor's loop only posts rank states, which
 never wait.  A sink that raises (a broken pipe, a view's bug) is abandoned:
 the job goes on without it, and nothing waits on it again.
+
+Each batch is stamped with the time it was posted: a sink that holds lines for a while
+(the collapsing view) times its window on when lines came, not on when its writer got to
+them, which is seconds later while a terminal lags.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from launcher.outcome import OutputSink, RankState, Stream
 
@@ -36,6 +40,7 @@ class Lines:
     stream: Stream
     lines: list[bytes]
     size: int
+    posted: float  # when they were queued (the queue's clock: ``time.monotonic``)
 
 
 Item = Lines | RankState
@@ -48,12 +53,38 @@ class Tick:
 TICK = Tick()
 
 
+@runtime_checkable
+class TimedSink(Protocol):
+    """A sink that holds lines for a while (the collapsing view).  The writer gives it each
+    batch with the time it was posted, asks it until when it holds lines (on the queue's
+    clock), ticks it then if nothing came meanwhile, and flushes it at the end."""
+
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
+        """The lines, posted at ``at``."""
+
+    def next_due(self) -> float | None:
+        """When held lines are due (None: none held)."""
+
+    def tick(self, now: float | None = None) -> None:
+        """Let out what is due at ``now``: nothing was posted before it that the sink has
+        not had (None: its own clock's now)."""
+
+    def flush(self) -> None:
+        """Let out everything held."""
+
+
 class OutputQueue:
     """FIFO of lines and states; lines are bounded per rank (``limit_bytes`` each)."""
 
-    def __init__(self, limit_bytes: int = RANK_BUFFER_BYTES, lossy: bool = False) -> None:
+    def __init__(
+        self,
+        limit_bytes: int = RANK_BUFFER_BYTES,
+        lossy: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit_bytes = limit_bytes
         self.lossy = lossy
+        self.clock = clock  # stamps the batches; deadlines of ``take`` are on it too
         self.ready = threading.Condition()
         self.items: deque[Item] = deque()
         self.pending: dict[tuple[int, str | None], int] = {}  # bytes queued per rank
@@ -77,7 +108,8 @@ class OutputQueue:
                 return True
             if self.done:
                 return False
-            self.items.append(Lines(spec, stream, lines, size))
+            # Stamped under the lock: the stamps grow in the queue's order.
+            self.items.append(Lines(spec, stream, lines, size, self.clock()))
             self.pending[key] = self.pending.get(key, 0) + size
             self.ready.notify_all()
             return True
@@ -96,14 +128,15 @@ class OutputQueue:
                 self.ready.notify_all()
 
     def take(self, deadline: float | None = None) -> tuple[Item | Tick | None, int]:
-        """The next item (None once closed and empty; ``TICK`` when ``deadline``, a
-        ``time.monotonic`` time, passed first), and the lines dropped before it."""
+        """The next item (None once closed and empty; ``TICK`` when ``deadline``, a time on
+        the queue's clock, passed first), and the lines dropped before it.  A tick says that
+        nothing was posted before ``deadline`` that was not taken."""
         with self.ready:
             while not self.items and not self.closed and not self.abandoned:
                 if deadline is None:
                     self.ready.wait()
                     continue
-                left = deadline - time.monotonic()
+                left = deadline - self.clock()
                 if left <= 0:
                     dropped, self.dropped = self.dropped, 0
                     return TICK, dropped
@@ -146,10 +179,11 @@ class Outlet:
         patience_s: float | None = None,
         limit_bytes: int = RANK_BUFFER_BYTES,
         on_drop: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sink = sink
         self.name = name
-        self.queue = OutputQueue(limit_bytes, lossy)
+        self.queue = OutputQueue(limit_bytes, lossy, clock)
         self.on_drop = on_drop
         self.patience_s = patience_s  # after Ctrl-C/SIGTERM, how long to wait for the writer
         self.error: BaseException | None = None
@@ -173,22 +207,28 @@ class Outlet:
                 self.error = exc
 
     def write(self) -> None:
-        # A sink that holds lines for a while (the collapsing view) says until when, gets a
-        # tick then, and a flush at the end (not when abandoned: then nothing more is shown).
-        next_due = getattr(self.sink, "next_due", None)
+        # A sink that holds lines for a while gets each batch with its posting time, a tick
+        # when what it holds is due and nothing came meanwhile, and a flush at the end (not
+        # when abandoned: then nothing more is shown).
+        timed = self.sink if isinstance(self.sink, TimedSink) else None
         while True:
-            item, dropped = self.queue.take(next_due() if next_due is not None else None)
+            deadline = timed.next_due() if timed is not None else None
+            item, dropped = self.queue.take(deadline)
             try:
                 if dropped and self.on_drop is not None:
                     self.on_drop(dropped)
                 if item is None:
-                    if next_due is not None and not self.queue.abandoned:
-                        self.sink.flush()  # type: ignore[attr-defined]
+                    if timed is not None and not self.queue.abandoned:
+                        timed.flush()
                     return
                 if isinstance(item, Tick):
-                    self.sink.tick()  # type: ignore[attr-defined]
+                    assert timed is not None  # only a timed sink gives take a deadline
+                    timed.tick(deadline)
                 elif isinstance(item, Lines):
-                    self.sink.show(item.spec, item.stream, item.lines)
+                    if timed is not None:
+                        timed.show_at(item.spec, item.stream, item.lines, item.posted)
+                    else:
+                        self.sink.show(item.spec, item.stream, item.lines)
                 else:
                     self.sink.update(item)
             except BaseException as exc:  # the sink failed: the job goes on without it

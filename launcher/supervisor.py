@@ -272,9 +272,9 @@ class Supervisor:
             given = limits.timeout_s if limits.timeout_s is not None else limits.total_s
             running = [r for r, run in self.runs.items() if run.running]
             hosts = sorted({self.runs[r].spec.host.name for r in running})
-            late = f" (rank(s) {rank_set(running)} on {', '.join(hosts)} still running)"
+            still = f" (rank(s) {rank_set(running)} on {', '.join(hosts)} still running)"
             return TimedOut(
-                f"the job ran longer than --timeout {given:g} s{late if running else ''}"
+                f"the job ran longer than --timeout {given:g} s{still if running else ''}"
             )
         late = [r for r, run in self.runs.items() if not run.started]
         if limits.start_s is not None and late and now - self.began >= limits.start_s:

@@ -232,3 +232,27 @@ def test_top_at_80_columns_leaves_room_for_the_last_line(gpu_mib: int | None) ->
     shown = console.export_text()
     assert "epoch 3 step" in shown, shown
     assert ("1.2G 37%" in shown) == (gpu_mib is not None)
+
+
+def test_ranks_in_the_same_place_group_whatever_their_other_threads() -> None:
+    """A data loader's or NCCL's extra thread does not split a group, and of two groups of
+    the same size neither is called the odd one."""
+    main = {"thread_name": "MainThread", "frames": [frame("all_reduce", 9)]}
+    helper = {"thread_name": "Thread-1", "frames": [frame("loader", 30)]}
+    other = {"thread_name": "MainThread", "frames": [frame("load", 4)]}
+    dumps: dict[int, tuple[str, dict[str, object]]] = {
+        0: ("node1", {"threads": [main]}),
+        1: ("node1", {"threads": [main, helper]}),
+        2: ("node1", {"threads": [other]}),
+        3: ("node1", {"threads": [other]}),
+    }
+    groups = group_stacks(dumps)
+    assert [(g.ranks, g.threads) for g in groups] == [((0, 1), (1, 2)), ((2, 3), (1,))]
+    assert format_stacks(groups, 4) == [
+        "ranks 0-1 of 4 on node1 (main thread, 1-2 threads):",
+        "    all_reduce (train.py:9)",
+        "",
+        "ranks 2-3 of 4 on node1 (main thread):",
+        "    load (train.py:4)",
+        "",
+    ]

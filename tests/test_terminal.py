@@ -30,19 +30,29 @@ def on_terminal(
     interrupt_after: str | None = None,
     again_after: str | None = None,
     keep_escapes: bool = False,
+    stderr_path: Path | None = None,
 ) -> tuple[int, str]:
     """Run dtrain on a pty of that size; send SIGINT (Ctrl-C) once ``interrupt_after`` shows,
     and again once ``again_after`` shows after that.  The screen comes back without its
-    escape sequences unless ``keep_escapes``."""
+    escape sequences unless ``keep_escapes``.  ``stderr_path``: dtrain's stderr goes to that
+    file, not to the terminal."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
     env = {**child_env(), "TERM": "xterm-256color"}
     env.pop("COLUMNS", None)
     env.pop("LINES", None)
+    err = open(stderr_path, "wb") if stderr_path is not None else None  # noqa: SIM115
     proc = subprocess.Popen(
-        [*DTRAIN, *args], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=REPO
+        [*DTRAIN, *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=err if err is not None else slave,
+        env=env,
+        cwd=REPO,
     )
     os.close(slave)
+    if err is not None:
+        err.close()
     screen, sent, seen = b"", interrupt_after is None, 0
     while True:
         try:
@@ -158,6 +168,40 @@ def test_eight_ranks_saying_the_same_warning_show_it_once(
     else:
         assert len(warnings) == 8
         assert sum(1 for ln in lines if ln.endswith("epoch 1 done")) == 8
+
+
+# A rank's stderr line before the live region starts (LIVE_AFTER_S) and one after it.
+EARLY_AND_LATE = (
+    "import os, sys, time\n"
+    "rank = os.environ['RANK']\n"
+    "print('early stderr', rank, file=sys.stderr, flush=True)\n"
+    "time.sleep(1.0)\n"
+    "print('late stderr', rank, file=sys.stderr, flush=True)\n"
+)
+
+
+def test_stderr_lines_go_to_the_terminal_alike_before_and_after_the_live_region(
+    mark: str, tmp_path: Path
+) -> None:
+    errors = tmp_path / "err.txt"
+    code, screen = on_terminal(
+        ["run", "--no-collapse", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}",
+         *py(EARLY_AND_LATE)],
+        keep_escapes=True,
+        stderr_path=errors,
+    )  # fmt: skip
+    assert code == 0, screen[-2000:]
+    assert "stderr" not in errors.read_text()  # dtrain's own lines only, none of a rank's
+    lines = screen.replace("\r\n", "\n").split("\n")
+    for rank in ("0", "1"):
+        early = [ln for ln in lines if ln.endswith(f"early stderr {rank}")]
+        late = [ln for ln in lines if ln.endswith(f"late stderr {rank}")]
+        assert len(early) == len(late) == 1, screen
+        # The same tag and mark, in the same colours (after what the live area draws).
+        early_tag = early[0].split("\x1b[2K")[-1].removesuffix(f"early stderr {rank}")
+        late_tag = late[0].split("\x1b[2K")[-1].removesuffix(f"late stderr {rank}")
+        assert ANSI.sub("", early_tag) == f"[{rank}]<stderr> "
+        assert early_tag == late_tag
 
 
 def test_a_few_bars_are_drawn_tagged_like_their_lines(mark: str) -> None:
