@@ -89,14 +89,27 @@ def ask(job_path: Path, request: Mapping[str, Any], timeout_s: float) -> dict[st
             while chunk := client.recv(1 << 16):
                 data += chunk
         except (FileNotFoundError, ConnectionRefusedError):
-            raise UsageError(
-                f"job {job_path.name} does not answer (no {SOCKET_NAME}: not running, or "
-                "started by an older dtrain)",
-                "see dtrain jobs --running",
-            ) from None
+            raise not_answering(job_path) from None
         except OSError as exc:
             raise UsageError(f"job {job_path.name} did not answer: {exc}") from None
     reply = json.loads(data)
     if "error" in reply:
         raise UsageError(f"job {job_path.name}: {reply['error']}")
     return dict(reply)
+
+
+def not_answering(job_path: Path) -> UsageError:
+    """Why a job does not answer: it ended (as its record says), or it cannot be asked."""
+    from launcher.jobs import ACTIVE, JobDir
+
+    state = JobDir(job_path).state()
+    if state not in ACTIVE:
+        return UsageError(
+            f"job {job_path.name} has ended ({state}): its ranks are gone",
+            f"dtrain logs {job_path.name} shows what they said",
+        )
+    return UsageError(
+        f"job {job_path.name} does not answer (no {SOCKET_NAME}: started by an older dtrain, "
+        "or its directory's path is too long for a socket)",
+        "see dtrain jobs --running",
+    )

@@ -136,7 +136,10 @@ def test_stacks_of_a_job_that_is_not_running() -> None:
     job = done.stderr.split("dtrain: job ", 1)[1].split()[0]
     result = run_dtrain("stacks", job)
     assert result.returncode == 2
-    assert result.stderr.startswith(f"dtrain: error: job {job} does not answer")
+    assert result.stderr == (
+        f"dtrain: error: job {job} has ended (succeeded): its ranks are gone "
+        f"(hint: dtrain logs {job} shows what they said)\n"
+    )
 
 
 BUSY = """import os, time
