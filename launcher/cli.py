@@ -743,15 +743,20 @@ def watch_top(found: Any, before: dict[int, dict[str, Any]], sample: Any) -> int
     from launcher.errors import UsageError
     from launcher.topview import rows_between, top_table
 
-    with Live(auto_refresh=False) as live:
-        while True:
-            time.sleep(1.0)
-            try:
-                after = sample()
-            except UsageError:  # the job ended
-                return 0
-            live.update(top_table(found.id, rows_between(before, after)), refresh=True)
-            before = after
+    try:
+        with Live(auto_refresh=False) as live:
+            while True:
+                time.sleep(1.0)
+                try:
+                    after = sample()
+                except UsageError:  # the job ended: the last figures stay, and say so
+                    break
+                live.update(top_table(found.id, rows_between(before, after)), refresh=True)
+                before = after
+    except KeyboardInterrupt:  # Ctrl-C: how one leaves a live view, as top's q
+        return 0
+    click.echo(f"dtrain: job {found.id} has ended ({found.state()})", err=True)
+    return 0
 
 
 def running_job(job: str | None, job_dir: str | None) -> Any:
