@@ -18,8 +18,8 @@ from launcher.config import JobConfig, PlacementConfig
 from launcher.hosts import Host
 from launcher.job import Finished, run_job
 from launcher.jobs import JobDir
-from launcher.outcome import RankState, Stream
-from launcher.outlets import Lines, Outlet, OutputQueue
+from launcher.outcome import JobResult, RankState, Stream
+from launcher.outlets import Fanout, Lines, Outlet, OutputQueue
 from launcher.supervisor import Supervisor
 from tests.conftest import DTRAIN, JOBS, REPO, child_env, marked_pids, rss_mib, wait_for_pids
 from tests.fakes import FakeClock, FakeTransport, RecordingFrontend, RecordingSink
@@ -107,7 +107,7 @@ def test_a_paused_view_does_not_stall_the_kill_path() -> None:
         clock=clock,
         handle_signals=False,
     )
-    results: list[object] = []
+    results: list[JobResult] = []
     runner = threading.Thread(target=lambda: results.append(supervisor.run()))
     runner.start()
     deadline = time.monotonic() + 10
@@ -124,9 +124,42 @@ def test_a_paused_view_does_not_stall_the_kill_path() -> None:
     assert shown == [b"line %d" % i for i in range(50) for _ in range(1000)][: len(shown)]
 
 
-def outlet_fanout(outlet: Outlet) -> object:
-    from launcher.outlets import Fanout
+class TimedRecordingSink(BlockingSink):
+    """A sink that holds lines (as the collapsing view does): it records when each batch
+    was posted, and the flush at the end."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.posted: list[tuple[bytes, float]] = []
+        self.flushed = False
+
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
+        self.show(spec, stream, lines)
+        self.posted.extend((line, at) for line in lines)
+
+    def next_due(self) -> float | None:
+        return None
+
+    def tick(self, now: float | None = None) -> None:
+        """Nothing is held here."""
+
+    def flush(self) -> None:
+        self.flushed = True
+
+
+def test_a_timed_sink_gets_each_batch_with_the_time_it_was_posted() -> None:
+    posted_at = iter(range(100, 200))
+    sink = TimedRecordingSink()
+    outlet = Outlet(sink, clock=lambda: float(next(posted_at)))
+    for i in range(3):  # the writer waits on the sink meanwhile: taken later, stamped now
+        outlet.post_lines(spec(i), "stdout", [b"line %d" % i])
+    sink.resume.set()
+    assert outlet.finish(timeout_s=10)
+    assert sink.posted == [(b"line 0", 100.0), (b"line 1", 101.0), (b"line 2", 102.0)]
+    assert sink.flushed
+
+
+def outlet_fanout(outlet: Outlet) -> Fanout:
     return Fanout([outlet])
 
 

@@ -64,6 +64,7 @@ def on_terminal(
         screen += chunk
         if (
             not sent
+            and interrupt_after is not None
             and interrupt_after.encode() in ANSI.sub("", screen.decode("utf-8", "replace")).encode()
         ):
             time.sleep(0.3)

@@ -283,11 +283,82 @@ def dump_pid(pid: int, py_spy_hint: "str | None") -> dict:  # type: ignore[type-
         return {"pid": pid, "error": f"py-spy printed no JSON: {done.stdout[:200]!r}"}
 
 
+class Forked:
+    """A rank's watchdog, forked from the agent: what the agent needs of ``Popen``."""
+
+    def __init__(self, pid: int, stdin: Any, stdout: Any, stderr: Any) -> None:
+        self.pid = pid
+        self.stdin = stdin  # its lifeline: signal numbers, and EOF when the launcher is gone
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+
+    def poll(self) -> "int | None":
+        if self.returncode is None:
+            try:
+                pid, wait_status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid:
+                self.returncode = exit_code(wait_status)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            try:
+                _, wait_status = os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                self.returncode = -9  # reaped elsewhere: gone, its status unknown
+                break
+            self.returncode = exit_code(wait_status)
+        return self.returncode
+
+
+def exit_code(wait_status: int) -> int:
+    """As ``Popen.returncode``: the exit code, or -N for signal N."""
+    if os.WIFSIGNALED(wait_status):
+        return -os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+def become_watchdog(watchdog: dict, spec: dict, fds: "tuple[int, int, int, int]") -> None:  # type: ignore[type-arg]
+    """In the forked child: the rank's pipes and environment, then the watchdog's watch
+    (as ``watchdog.main_remote`` does for a watchdog started alone)."""
+    lifeline, out, err, status = fds
+    try:
+        for fd, target in ((lifeline, 0), (out, 1), (err, 2)):
+            os.dup2(fd, target)
+        for name in os.listdir("/proc/self/fd"):  # the agent's pipes, sockets, selector
+            if int(name) > 2 and int(name) != status:
+                try:
+                    os.close(int(name))
+                except OSError:
+                    pass  # the directory's own fd
+        for name in spec.get("unset", ()):
+            os.environ.pop(name, None)
+        os.environ.update(spec.get("env", {}))
+        if spec.get("path_prefix"):
+            os.environ["PATH"] = spec["path_prefix"] + os.pathsep + os.environ.get("PATH", "")
+        if spec.get("cwd"):
+            try:
+                os.chdir(spec["cwd"])
+            except OSError as exc:
+                os.write(2, f"dtrain: cannot enter {spec['cwd']}: {exc.strerror}\n".encode())
+                os.write(status, b"2\n")
+                os._exit(2)
+    except OSError as exc:
+        os.write(2, f"dtrain: cannot start the rank: {exc}\n".encode())
+        os._exit(126)
+    watchdog["watch"](spec["argv"], float(spec["grace_s"]), status)
+    os._exit(127)  # (watch never returns)
+
+
 class Agent:
     def __init__(self, config: dict) -> None:  # type: ignore[type-arg]
         self.config = config
         self.selector = selectors.DefaultSelector()
-        self.children: dict[int, subprocess.Popen] = {}  # type: ignore[type-arg]
+        self.children: dict[int, Forked] = {}
+        self.watchdog: dict | None = None  # type: ignore[type-arg]  # (``watchdog_code``)
         self.open_pipes: dict[int, int] = {}
         self.reported: set[int] = set()  # runs whose watchdog reported the program's status
         self.outputs: dict[int, dict[Any, tuple[int, int | None]]] = {}  # open output pipes
@@ -308,36 +379,51 @@ class Agent:
                 written = os.write(1, data)
                 data = data[written:]
 
+    def watchdog_code(self) -> dict:  # type: ignore[type-arg]
+        """The watchdog's functions, compiled once (each rank's watchdog is a fork of this
+        agent: no interpreter, no compile per rank), the C library loaded for them."""
+        if self.watchdog is None:
+            namespace: dict = {"__name__": "dtrain_watchdog"}  # type: ignore[type-arg]
+            exec(compile(self.config["watchdog"], "dtrain-watchdog", "exec"), namespace)
+            try:
+                namespace["load_libc"]()
+            except OSError:
+                pass
+            self.watchdog = namespace
+        return self.watchdog
+
     def start(self, rank: int, spec: dict) -> None:  # type: ignore[type-arg]
-        status_read, status_write = os.pipe()  # the watchdog's report, out of the program's reach
+        watchdog = self.watchdog_code()
+        # lifeline, stdout, stderr, and the watchdog's report (out of the program's reach)
+        (lifeline, ours_in), (ours_out, out), (ours_err, err), (ours_status, status) = (
+            os.pipe() for _ in range(4)
+        )
+        theirs = (lifeline, out, err, status)
         try:
-            child = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", self.config["bootstrap"]],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=(status_write,),
-            )
+            pid = os.fork()
         except OSError:
-            os.close(status_read)
+            for fd in (*theirs, ours_in, ours_out, ours_err, ours_status):
+                os.close(fd)
             raise
-        finally:
-            os.close(status_write)
-        assert child.stdin is not None and child.stdout is not None and child.stderr is not None
-        source = self.config["watchdog"].encode()
-        body = json.dumps({**spec, "status_fd": status_write}).encode()
-        child.stdin.write(b"%010d" % len(source) + source + b"%010d" % len(body) + body)
-        child.stdin.flush()
+        if pid == 0:
+            become_watchdog(watchdog, spec, theirs)  # never returns
+        for fd in theirs:
+            os.close(fd)
+        child = Forked(
+            pid,
+            os.fdopen(ours_in, "wb"),
+            os.fdopen(ours_out, "rb", buffering=0),
+            os.fdopen(ours_err, "rb", buffering=0),
+        )
         self.children[rank] = child
         self.open_pipes[rank] = 3
-        status = os.fdopen(status_read, "rb", buffering=0)
+        status_file = os.fdopen(ours_status, "rb", buffering=0)
         self.credit[rank] = WINDOW_BYTES
         self.outputs[rank] = {
             child.stdout: (STDOUT, STDOUT_END),
             child.stderr: (STDERR, STDERR_END),
         }
-        for pipe, kinds in (*self.outputs[rank].items(), (status, (STATUS, None))):
+        for pipe, kinds in (*self.outputs[rank].items(), (status_file, (STATUS, None))):
             os.set_blocking(pipe.fileno(), False)
             self.selector.register(pipe, selectors.EVENT_READ, (rank, kinds))
         self.send(rank, STARTED, str(child.pid).encode())
