@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launcher.command import LaunchSpec
 from launcher.config import JobConfig
@@ -350,6 +351,9 @@ class MpiOutput:
         self.launcher = launcher
         self.own_lines: list[str] = []
         self.tails: dict[int, dict[Stream, deque[bytes]]] = {}  # last lines per rank, stream
+        # A view that holds lines (the collapsing view): its timing is passed on (outlets'
+        # ``TimedSink``), else held lines would come out late, and the last ones never.
+        self.timed: Any = view if hasattr(view, "show_at") else None
 
     def update(self, state: RankState) -> None:
         """mpirun's state stands for every rank it runs (mpirun tells no more)."""
@@ -359,6 +363,12 @@ class MpiOutput:
             )
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        self.show_at(spec, stream, lines, None)
+
+    def show_at(
+        self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float | None
+    ) -> None:
+        """mpirun's lines, posted at ``at`` (None: now), split by rank for the view."""
         batch: list[bytes] = []
         current: tuple[int, Stream] | None = None
         for key, text in self.split(stream, lines):
@@ -367,12 +377,12 @@ class MpiOutput:
             if key[0] >= 0:
                 keep_tail(self.tails.setdefault(key[0], new_tails())[key[1]], [text])
             if key != current and batch and current is not None:
-                self.forward(current, batch)
+                self.forward(current, batch, at)
                 batch = []
             current = key
             batch.append(text)
         if batch and current is not None:
-            self.forward(current, batch)
+            self.forward(current, batch, at)
 
     def split(
         self, stream: Stream, lines: list[bytes]
@@ -391,10 +401,24 @@ class MpiOutput:
                 which: Stream = "stdout" if tag[2] == b"stdout" else "stderr"
                 yield (int(tag[1]), which), line[tag.end() : end]
 
-    def forward(self, key: tuple[int, Stream], lines: list[bytes]) -> None:
+    def forward(self, key: tuple[int, Stream], lines: list[bytes], at: float | None) -> None:
         rank, stream = key
         spec = self.specs[rank] if rank >= 0 else self.launcher
-        self.view.show(spec, stream, lines)
+        if at is not None and self.timed is not None:
+            self.timed.show_at(spec, stream, lines, at)
+        else:
+            self.view.show(spec, stream, lines)
+
+    def next_due(self) -> float | None:
+        return self.timed.next_due() if self.timed is not None else None
+
+    def tick(self, now: float | None = None) -> None:
+        if self.timed is not None:
+            self.timed.tick(now)
+
+    def flush(self) -> None:
+        if self.timed is not None:
+            self.timed.flush()
 
     def first_failure(self) -> tuple[int, int] | None:
         """(rank, status) of the first failed rank, from mpirun's own report."""

@@ -83,6 +83,17 @@ def test_dtrain_run_with_local_ranks_and_collapse_shows_every_line() -> None:
     assert [ln for ln in lines if ln.endswith("same")] == ["[0-2] same"]
 
 
+def test_dtrain_run_mpi_with_collapse_shows_every_line() -> None:
+    """mpirun's output is split by rank in front of the collapsing view: its timing passes
+    through, so no held line is lost at the end."""
+    code = "import os; print('same'); print('r', os.environ['OMPI_COMM_WORLD_RANK'])"
+    job = run_dtrain("run", "--mpi", "-np", "2", "--collapse", *py(code))
+    assert job.returncode == 0, job.stderr
+    lines = job.stdout.splitlines()
+    assert sorted(ln for ln in lines if " r " in ln) == ["[0] r 0", "[1] r 1"]
+    assert [ln for ln in lines if ln.endswith("same")] == ["[0-1] same"]
+
+
 class SlowFile(io.StringIO):
     """A terminal that lags: each write takes a while."""
 
