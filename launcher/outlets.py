@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from launcher.command import LaunchSpec
 
 RANK_BUFFER_BYTES = 1 << 20  # per rank and outlet: what may wait for a slow sink
+ENDED_RANK_BUFFER_BYTES = 4 << 20  # per rank, once ranks ended: what their pipes still held
 FINISH_POLL_S = 0.1  # how often a finishing wait looks for a signal
 LINE_OVERHEAD_BYTES = 64  # a line's cost beyond its text (list slot, bytes object)
 
@@ -158,6 +159,12 @@ class OutputQueue:
             self.closed = True
             self.ready.notify_all()
 
+    def let_lag(self, limit_bytes: int) -> None:
+        """Let each rank's share grow to ``limit_bytes`` (readers waiting for room go on)."""
+        with self.ready:
+            self.limit_bytes = max(self.limit_bytes, limit_bytes)
+            self.ready.notify_all()
+
     def abandon(self) -> None:
         """Drop everything and never wait again: the sink failed or is given up."""
         with self.ready:
@@ -277,6 +284,14 @@ class Fanout:
     def post_state(self, state: RankState) -> None:
         for outlet in self.outlets:
             outlet.queue.put_state(state)
+
+    def let_views_lag(self) -> None:
+        """Every rank has exited: what is left in their pipes (a pipe's and a read's worth
+        at most) is read at once, so that the job directory gets it all now, while a slow or
+        paused terminal shows it later (it is not dropped: the views may hold it)."""
+        for outlet in self.outlets:
+            if outlet.is_view:
+                outlet.queue.let_lag(ENDED_RANK_BUFFER_BYTES)
 
     def finish_journals(self) -> None:
         """Let every journal (the job directory) write all it has, however long it takes."""

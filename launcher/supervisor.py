@@ -344,8 +344,14 @@ class Supervisor:
         """Let the readers hand on what the ranks wrote before they exited.
 
         Waits up to ``DRAIN_S`` for streams to close (a process that escaped
-        everything may hold one open); what was read is in the outlets already.
+        everything may hold one open); what was read is in the outlets already.  Every rank
+        has exited: a terminal view may now hold more of their lines than a running job's
+        (``Fanout.let_views_lag``), so that a paused terminal does not keep what the pipes
+        still hold from the job directory, nor lose it.
         """
+        let_lag = getattr(self.output, "let_views_lag", None)
+        if let_lag is not None and not self.running:
+            let_lag()  # the readers are not held back by a paused terminal any more
         end = self.clock.now() + DRAIN_S
         while self.open_streams and self.clock.now() < end:
             message = self.clock.take(self.events, end - self.clock.now())

@@ -290,3 +290,29 @@ def test_a_failed_job_behind_a_paused_reader_is_recorded_and_ends_on_sigterm(
     proc.send_signal(signal.SIGTERM)  # the user gives up on the view
     proc.wait(timeout=15)
     assert proc.returncode == 3  # the job's own exit code, not the signal's
+
+
+def test_a_reader_held_back_by_a_full_view_goes_on_once_the_ranks_ended() -> None:
+    """Behind a paused terminal a rank's share of the view's queue is full and its reader
+    waits; once every rank has exited the view may hold more, so what the pipes still held
+    reaches the job directory now instead of waiting for (or being lost to) the terminal."""
+    import threading
+
+    from launcher.command import LaunchSpec
+    from launcher.hosts import Host
+    from launcher.outlets import OutputQueue
+
+    queue = OutputQueue(limit_bytes=100)
+    spec = LaunchSpec(0, Host("localhost"), 0, argv=("x",), env={})
+    assert queue.put_lines(spec, "stdout", [b"x" * 80])
+    done = threading.Event()
+
+    def post() -> None:
+        queue.put_lines(spec, "stdout", [b"y" * 80])  # no room: waits for the writer
+        done.set()
+
+    threading.Thread(target=post, daemon=True).start()
+    assert not done.wait(0.3)
+    queue.let_lag(1 << 20)
+    assert done.wait(5)
+    assert len(queue.items) == 2  # both batches kept for the view
