@@ -540,7 +540,13 @@ JOB_DIR_OPTION = click.option(
     metavar="K",
     help="Only attempt K of a job that restarted (0: the first).",
 )
-@click.option("-n", "--tail", type=click.IntRange(0), metavar="N", help="Only the last N lines.")
+@click.option(
+    "-n",
+    "--tail",
+    type=click.IntRange(0),
+    metavar="N",
+    help="Only the last N lines (as recorded: with --collapse, collapsed after the cut).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option(
     "--collapse", is_flag=True, help="Identical lines of several ranks once, tagged [0-7]."
