@@ -851,6 +851,7 @@ def render(report: Report) -> str:
     lines += render_phases(report)
     lines += render_scaling(report)
     lines += render_wide(report)
+    lines += ["", f"![{CHART_TITLE}](benchmarks/{CHART_NAME}.png)", ""]
     if hangs:
         dtrain_hangs = sum(
             s.hangs for name, s in labelled_samples(report) if name.startswith("dtrain")
@@ -980,8 +981,8 @@ def render_wide(report: Report) -> list[str]:
         "",
         f"`-H node1:{WIDE_SLOTS},node2:{WIDE_SLOTS},...` ({low * WIDE_SLOTS} to "
         f"{high * WIDE_SLOTS} ranks), timed as above. Both launchers still open one "
-        "connection per host: dtrain's agent forks every rank of its host (each under a "
-        "`python -I -S` watchdog), mpirun's `prted` forks them.",
+        "connection per host: dtrain's agent forks every rank's watchdog from itself (no "
+        "interpreter per rank), mpirun's `prted` forks the ranks.",
         "",
         "| hosts | ranks | dtrain all running | dtrain ended | mpirun all running | "
         "mpirun ended | ratio, all running | ratio, ended |",
@@ -1029,6 +1030,27 @@ def replace_section(text: str, section: str) -> str:
         return (base + "\n\n" if base else "") + block
     after = lines[end:] if end is not None else []
     return "".join(lines[:start]) + block + ("\n" + "".join(after) if after else "")
+
+
+CHART_NAME = "ssh_launch"
+CHART_TITLE = "Launch over SSH: time until every rank ended, against hosts"
+
+
+def write_chart_of(report: Report, directory: Path) -> None:
+    """Median *ended* time against hosts, both series, both launchers (needs matplotlib)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import Chart, write_chart
+
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for name, series in (
+        ("dtrain, 1 rank per host", report.scale_dtrain),
+        ("mpirun, 1 rank per host", report.scale_mpirun),
+        (f"dtrain, {WIDE_SLOTS} per host", report.wide_dtrain),
+        (f"mpirun, {WIDE_SLOTS} per host", report.wide_mpirun),
+    ):
+        points = [(float(n), s.median_ms()) for n, s in sorted(series.items())]
+        lines[name] = [(x, y) for x, y in points if y is not None]
+    write_chart(Chart(CHART_NAME, CHART_TITLE, "hosts", "ms", lines, logx=True), directory)
 
 
 def write_section(path: Path, section: str) -> None:
@@ -1086,6 +1108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     section = render(report)
     print(section)
     if args.write:
+        write_chart_of(report, args.write.parent / "benchmarks")
         write_section(args.write, section)
         print(f"# wrote {SECTION_TITLE!r} in {args.write}", file=sys.stderr)
     return 0
