@@ -294,8 +294,16 @@ def write_chart(chart: Chart, directory: Path) -> Path | None:
         axes.legend()
     if chart.logx:
         axes.set_xscale("log")
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        xs_all = sorted({x for points in chart.lines.values() for x, _ in points})
+        axes.set_xticks(xs_all)  # the sizes measured, written plainly (not 2x10^0)
+        axes.xaxis.set_major_formatter(ScalarFormatter())
+        axes.xaxis.set_minor_formatter(NullFormatter())
     if chart.logy:
         axes.set_yscale("log")
+    else:
+        axes.set_ylim(bottom=0)  # a difference looks as large as it is
     axes.set_title(chart.title)
     axes.set_xlabel(chart.xlabel)
     axes.set_ylabel(chart.ylabel)

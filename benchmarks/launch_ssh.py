@@ -918,7 +918,7 @@ def render_phases(report: Report) -> list[str]:
         "(`python -I -S`), which probes the host (cwd, program, free ports, GPUs, route)",
         "setup": "environment of each rank, job directory, supervisor set-up",
         "start": "each rank's spec sent to its host's agent (no new channel)",
-        "run": "per rank: the agent forks a `python -I -S` watchdog, which runs the rank; "
+        "run": "per rank: the agent forks a watchdog (a fork of itself), which runs the rank; "
         "until every exit status is in",
         "finish": "job record, connections closed",
         "total": "in-process total (without interpreter start-up and imports)",

@@ -19,6 +19,7 @@ slows the ranks down (bounded buffers, back-pressure).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -157,7 +158,7 @@ def teardown_section(
     rows, summary = measure_teardown(reps)
     ssh_note = "On SSH hosts: not measured (needs root for the test hosts)."
     if with_ssh:
-        from launch_ssh import find_launchers
+        from launch_ssh import MPIRUN_OPTIONS, find_launchers
 
         from tests.testhosts import TestHosts
 
@@ -165,14 +166,18 @@ def teardown_section(
         scratch = Path(tempfile.mkdtemp(prefix="dtrain-bench-teardown-ssh-"))
         try:
             hosts.start()
-            launchers = find_launchers(hosts.ssh_config, scratch, (), None)
+            # (--bind-to none: mpirun refuses more ranks per host than its cores otherwise)
+            launchers = dataclasses.replace(
+                find_launchers(hosts.ssh_config, scratch, (), None), mpirun_options=MPIRUN_OPTIONS
+            )
             more, more_summary = measure_teardown(reps, launchers)
             rows += more
             summary += more_summary
             ssh_note = (
                 f"On SSH hosts: the test hosts of `tests/testhosts.py` (sshd in network "
                 f"namespaces on this machine), `-H {SSH_HOSTS}`; mpirun over `ssh -F` with "
-                '`--prefix`, as in "Launch over SSH"; the marker reaches every rank by `-x`.'
+                '`--prefix` and `--bind-to none`, as in "Launch over SSH"; the marker reaches '
+                "every rank by `-x`."
             )
         finally:
             hosts.stop()
