@@ -735,7 +735,10 @@ def top(job: str | None, once: bool, as_json: bool, job_dir: str | None) -> int:
         else:
             from rich.console import Console
 
-            Console().print(top_table(found.id, rows))
+            console = Console()
+            with console.capture() as captured:  # (rich pads each row to its width)
+                console.print(top_table(found.id, rows))
+            click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
         return 0
     return watch_top(found, before, sample)
 
