@@ -283,10 +283,14 @@ def write_chart(chart: Chart, directory: Path) -> Path | None:
         labels = list(chart.lines)
         heights = [chart.lines[label][0][1] for label in labels]
         axes.bar(
-            labels, heights, color=["tab:blue", "tab:orange", "tab:green", "tab:red"][: len(labels)]
+            range(len(labels)),
+            heights,
+            color=["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"][: len(labels)],
         )
+        axes.set_xticks(range(len(labels)))
+        axes.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)  # long names fit
         for index, height in enumerate(heights):
-            axes.annotate(f"{height:.3g}", (index, height), ha="center", va="bottom")
+            axes.annotate(f"{height:.0f}", (index, height), ha="center", va="bottom")
     else:
         for label, points in chart.lines.items():
             xs, ys = zip(*sorted(points), strict=True) if points else ((), ())

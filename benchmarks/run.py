@@ -1,6 +1,7 @@
 """Every benchmark, side by side: writes docs/benchmarks.md (tables) and its PNG charts.
 
-    python benchmarks/run.py            # everything (tens of minutes; SSH ones need root)
+    python benchmarks/run.py            # everything but mpi4py's suite (benchmarks/mpi4py_suite.py:
+                                        # an hour of MPI tests); tens of minutes; SSH ones need root
     python benchmarks/run.py --quick    # a smaller pass: local launch, teardown, memory, simulation
 
 In this file's own sections (local launch, teardown, memory, 1,000 simulated hosts) every
@@ -33,6 +34,7 @@ OLDER = [  # (script, its arguments): each writes its own section of the documen
     ("log_throughput.py", ["--reps", "3", "--write", str(DOC)]),
     ("launch_ssh.py", ["--write", str(DOC)]),
     ("ring_allreduce.py", ["--write", str(DOC.parent)]),
+    ("collapse_cost.py", ["--reps", "3", "--write", str(DOC)]),
 ]
 
 

@@ -57,9 +57,15 @@ def open_private(path: Path, mode: str = "ab") -> BinaryIO:
     return cast(BinaryIO, os.fdopen(os.open(path, flags | os.O_CLOEXEC, FILE_MODE), mode))
 
 
+INDENTED_ITEMS = 64  # a record of more items is written on one line
+
+
 def write_json(path: Path, value: object) -> None:
-    """Replace ``path`` atomically (readers never see half a file), readable by its owner only."""
-    write_text(path, json.dumps(value, indent=1))
+    """Replace ``path`` atomically (readers never see half a file), readable by its owner only.
+    Indented for a person to read, but for a large record (a thousand hosts' plan): json's
+    indentation runs in Python, 0.8 s for 8,000 ranks, against 0.05 s on one line in C."""
+    large = isinstance(value, list | dict) and len(value) > INDENTED_ITEMS
+    write_text(path, json.dumps(value, indent=None if large else 1))
 
 
 def write_text(path: Path, text: str) -> None:
