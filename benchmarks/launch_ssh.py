@@ -931,7 +931,8 @@ def render_phases(report: Report) -> list[str]:
         f"One exec channel running `true` on an open connection takes {fmt_ms(channel)} ms; "
         f"most of it is the user's login shell as sshd starts it (`{report.shell} -c true` "
         f"with `SSH_CLIENT` set, which makes bash read `~/.bashrc`: {fmt_ms(shell)} ms when "
-        "timed alone on this machine, separately, so the two need not add up). Like mpirun, dtrain pays it once per host: it opens one channel per host "
+        "timed alone on this machine, separately, so the two need not add up). Like mpirun, "
+        "dtrain pays it once per host: it opens one channel per host "
         f"({MAIN_HOSTS} here, for {ranks} ranks) running its agent, which probes the host and "
         "then forks every rank of that host; mpirun runs one `ssh` per host, then its C "
         "daemon `prted`, which forks the ranks.",
