@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -109,17 +108,3 @@ def build_remote_command(python: str, args: Sequence[str]) -> str:
         "{ echo 'dtrain: no python3 on PATH' >&2; exit 127; }; "
         f'exec "$p" {quoted}'
     )
-
-
-def names_mpi4py(argv: Sequence[str], cwd: str) -> bool:
-    """Does the command look like an mpi4py program (so it needs --mpi)?"""
-    if any("mpi4py" in arg for arg in argv[:3]):
-        return True
-    for arg in argv[:3]:
-        if arg.endswith(".py"):
-            try:
-                with open(os.path.join(cwd, arg), "rb") as f:
-                    return b"mpi4py" in f.read(256 * 1024)
-            except OSError:
-                return False
-    return False

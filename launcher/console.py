@@ -25,7 +25,7 @@ from launcher.config import ViewConfig, parse_ranks
 from launcher.errors import LauncherError
 from launcher.hosts import Host
 from launcher.jobs import JobSummary, LogLine
-from launcher.outcome import JobResult, OutputSink, RankState, Stream
+from launcher.outcome import JobResult, OutputSink, PassesTiming, RankState, Stream
 from launcher.outlets import TimedSink
 from launcher.plan import Plan
 from launcher.policy import describe_status
@@ -602,7 +602,7 @@ class QuietView:
         """States are kept in the job directory only."""
 
 
-class RankFilter:
+class RankFilter(PassesTiming):
     """``--ranks 0,3``, ``--local-ranks 0``, torchrun's ``--redirects 1|2``: only these ranks
     (or local ranks), and these streams, reach the terminal.  It comes first, before the
     collapsing view it may wrap, whose timing (``TimedSink``) it passes on."""
@@ -640,17 +640,6 @@ class RankFilter:
             self.timed.show_at(spec, stream, lines, at)
         else:
             self.view.show(spec, stream, lines)
-
-    def next_due(self) -> float | None:
-        return self.timed.next_due() if self.timed is not None else None
-
-    def tick(self, now: float | None = None) -> None:
-        if self.timed is not None:
-            self.timed.tick(now)
-
-    def flush(self) -> None:
-        if self.timed is not None:
-            self.timed.flush()
 
     def update(self, state: RankState) -> None:
         self.view.update(state)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from launcher import remote
 from launcher.clock import Clock
 from launcher.collapse import rank_set
-from launcher.command import LaunchSpec, describe_specs, names_mpi4py
+from launcher.command import LaunchSpec, describe_specs
 from launcher.config import JobConfig, validate_config
 from launcher.control import SOCKET_NAME, ControlServer
 from launcher.env import resolve_env_args
@@ -430,6 +430,21 @@ def attempt_record(result: JobResult) -> dict[str, object]:
 
 def host_names(plan: Plan) -> list[str]:
     return [h.name for h in plan.hosts]
+
+
+def names_mpi4py(argv: Sequence[str], cwd: str) -> bool:
+    """Does the command look like an mpi4py program (so it needs --mpi)?  (It reads the
+    script: the job layer's, not a pure module's.)"""
+    if any("mpi4py" in arg for arg in argv[:3]):
+        return True
+    for arg in argv[:3]:
+        if arg.endswith(".py"):
+            try:
+                with open(os.path.join(cwd, arg), "rb") as f:
+                    return b"mpi4py" in f.read(256 * 1024)
+            except OSError:
+                return False
+    return False
 
 
 def interpreter_note(command: Sequence[str], environ: Mapping[str, str]) -> str | None:

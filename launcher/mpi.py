@@ -31,6 +31,7 @@ from launcher.hosts import Host
 from launcher.outcome import (
     JobResult,
     OutputSink,
+    PassesTiming,
     RankReport,
     RankState,
     Stream,
@@ -337,7 +338,7 @@ def remove_stale_folders(temp: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-class MpiOutput:
+class MpiOutput(PassesTiming):
     """An output sink in front of the view: splits mpirun's ``[1,R]<stream>:`` lines by rank.
 
     Lines without a tag are mpirun's own and are shown under the mpirun spec.
@@ -408,17 +409,6 @@ class MpiOutput:
             self.timed.show_at(spec, stream, lines, at)
         else:
             self.view.show(spec, stream, lines)
-
-    def next_due(self) -> float | None:
-        return self.timed.next_due() if self.timed is not None else None
-
-    def tick(self, now: float | None = None) -> None:
-        if self.timed is not None:
-            self.timed.tick(now)
-
-    def flush(self) -> None:
-        if self.timed is not None:
-            self.timed.flush()
 
     def first_failure(self) -> tuple[int, int] | None:
         """(rank, status) of the first failed rank, from mpirun's own report."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from launcher.command import LaunchSpec
@@ -73,6 +73,25 @@ class OutputSink(Protocol):
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None: ...
 
     def update(self, state: RankState) -> None: ...
+
+
+class PassesTiming:
+    """For a sink in front of a view that may hold lines (the collapsing view: outlets'
+    ``TimedSink``): when held lines are due, the ticks and the last flush are passed on to
+    ``self.timed`` (None: the view holds nothing)."""
+
+    timed: Any
+
+    def next_due(self) -> float | None:
+        return self.timed.next_due() if self.timed is not None else None
+
+    def tick(self, now: float | None = None) -> None:
+        if self.timed is not None:
+            self.timed.tick(now)
+
+    def flush(self) -> None:
+        if self.timed is not None:
+            self.timed.flush()
 
 
 def new_tails() -> dict[Stream, deque[bytes]]:

@@ -284,13 +284,15 @@ def dump_pid(pid: int, py_spy_hint: "str | None") -> dict:  # type: ignore[type-
 
 
 class Forked:
-    """A rank's watchdog, forked from the agent: what the agent needs of ``Popen``."""
+    """A rank's watchdog, forked from the agent: what the agent needs of ``Popen``
+    (``status_of``: the watchdog's, a wait status as an exit code or -N for signal N)."""
 
-    def __init__(self, pid: int, stdin: Any, stdout: Any, stderr: Any) -> None:
+    def __init__(self, pid: int, stdin: Any, stdout: Any, stderr: Any, status_of: Any) -> None:
         self.pid = pid
         self.stdin = stdin  # its lifeline: signal numbers, and EOF when the launcher is gone
         self.stdout = stdout
         self.stderr = stderr
+        self.status_of = status_of
         self.returncode: int | None = None
 
     def poll(self) -> "int | None":
@@ -300,7 +302,7 @@ class Forked:
             except ChildProcessError:
                 return None
             if pid:
-                self.returncode = exit_code(wait_status)
+                self.returncode = self.status_of(wait_status)
         return self.returncode
 
     def wait(self) -> int:
@@ -310,45 +312,19 @@ class Forked:
             except ChildProcessError:
                 self.returncode = -9  # reaped elsewhere: gone, its status unknown
                 break
-            self.returncode = exit_code(wait_status)
+            self.returncode = self.status_of(wait_status)
         return self.returncode
-
-
-def exit_code(wait_status: int) -> int:
-    """As ``Popen.returncode``: the exit code, or -N for signal N."""
-    if os.WIFSIGNALED(wait_status):
-        return -os.WTERMSIG(wait_status)
-    return os.WEXITSTATUS(wait_status)
 
 
 def become_watchdog(watchdog: dict, spec: dict, fds: "tuple[int, int, int, int]") -> None:  # type: ignore[type-arg]
     """In the forked child: the rank's pipes and environment, then the watchdog's watch
     (as ``watchdog.main_remote`` does for a watchdog started alone)."""
-    lifeline, out, err, status = fds
     try:
-        for fd, target in ((lifeline, 0), (out, 1), (err, 2)):
-            os.dup2(fd, target)
-        for name in os.listdir("/proc/self/fd"):  # the agent's pipes, sockets, selector
-            if int(name) > 2 and int(name) != status:
-                try:
-                    os.close(int(name))
-                except OSError:
-                    pass  # the directory's own fd
-        for name in spec.get("unset", ()):
-            os.environ.pop(name, None)
-        os.environ.update(spec.get("env", {}))
-        if spec.get("path_prefix"):
-            os.environ["PATH"] = spec["path_prefix"] + os.pathsep + os.environ.get("PATH", "")
-        if spec.get("cwd"):
-            try:
-                os.chdir(spec["cwd"])
-            except OSError as exc:
-                os.write(2, f"dtrain: cannot enter {spec['cwd']}: {exc.strerror}\n".encode())
-                os.write(status, b"2\n")
-                os._exit(2)
+        status = watchdog["take_pipes"](fds)
     except OSError as exc:
         os.write(2, f"dtrain: cannot start the rank: {exc}\n".encode())
         os._exit(126)
+    watchdog["enter_remote_spec"](spec, status)
     watchdog["watch"](spec["argv"], float(spec["grace_s"]), status)
     os._exit(127)  # (watch never returns)
 
@@ -414,6 +390,7 @@ class Agent:
             os.fdopen(ours_in, "wb"),
             os.fdopen(ours_out, "rb", buffering=0),
             os.fdopen(ours_err, "rb", buffering=0),
+            watchdog["status_of"],
         )
         self.children[rank] = child
         self.open_pipes[rank] = 3

@@ -286,21 +286,42 @@ def main_remote() -> None:
     import json
 
     spec = json.loads(read_exact(int(read_exact(LENGTH_DIGITS))))
+    fd = int(spec.get("status_fd", -1))
+    enter_remote_spec(spec, fd)
+    watch(spec["argv"], float(spec["grace_s"]), fd)
+
+
+def enter_remote_spec(spec: "dict[str, Any]", status_fd: int) -> None:
+    """A remote rank's environment (the host's, less ``unset``, plus ``env``, ``path_prefix``
+    in front of PATH) and working directory; one it cannot enter fails the rank (exit 2)."""
     for name in spec.get("unset", ()):
         os.environ.pop(name, None)
     os.environ.update(spec.get("env", {}))
     if spec.get("path_prefix"):
         os.environ["PATH"] = spec["path_prefix"] + os.pathsep + os.environ.get("PATH", "")
-    fd = int(spec.get("status_fd", -1))
     if spec.get("cwd"):
         try:
             os.chdir(spec["cwd"])
         except OSError as exc:
             os.write(2, f"dtrain: cannot enter {spec['cwd']}: {exc.strerror}\n".encode())
-            if fd >= 0:
-                os.write(fd, b"2\n")
+            if status_fd >= 0:
+                os.write(status_fd, b"2\n")
             os._exit(2)
-    watch(spec["argv"], float(spec["grace_s"]), fd)
+
+
+def take_pipes(fds: "list[int] | tuple[int, ...]") -> int:
+    """In a forked watchdog: the lifeline, stdout and stderr become fds 0-2 and every other
+    fd but the status pipe is closed (the parent's pipes, sockets, selector); the status fd."""
+    lifeline, out, err, status = fds
+    for fd, target in ((lifeline, 0), (out, 1), (err, 2)):
+        os.dup2(fd, target)
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2 and int(name) != status:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass  # the directory's own fd
+    return status
 
 
 def watch(argv: list[str], grace_s: float, fd: int) -> None:
@@ -433,16 +454,8 @@ def become_watchdog(spec: "dict[str, Any]", fds: "list[int]", sock: "_socket.soc
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        sock.detach()  # fd 0, replaced by the lifeline below
-        lifeline, out, err, status = fds
-        for fd, target in ((lifeline, 0), (out, 1), (err, 2)):
-            os.dup2(fd, target)
-        for name in os.listdir("/proc/self/fd"):  # the server's socket and pipes, originals
-            if int(name) > 2 and int(name) != status:
-                try:
-                    os.close(int(name))
-                except OSError:
-                    pass  # the directory's own fd
+        sock.detach()  # fd 0, replaced by the lifeline
+        status = take_pipes(fds)
         os.environ.clear()
         os.environ.update(spec["env"])
         if spec.get("cwd"):

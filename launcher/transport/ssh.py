@@ -680,7 +680,6 @@ class HostAgent:
             "probe": dict(probe_args),
             "probe_source": PROBE_SOURCE,
             "watchdog": WATCHDOG_SOURCE,
-            "bootstrap": watchdog.BOOTSTRAP,
             # Beat often enough that a healthy agent is never silent for the host timeout,
             # and give the launcher up after the same silence.
             "heartbeat_s": min(agent.HEARTBEAT_S, silence_s / 4),
