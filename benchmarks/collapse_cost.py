@@ -152,7 +152,7 @@ def section(rows: list, args: argparse.Namespace, before: float, after: float) -
         f"{per_run}{spread}.",
         "* How: a flood that nothing shares (more than `MAX_HELD` lines of two ranks or more "
         "since a line was last shared) goes straight out for up to `FLOOD_PASS_S` or until "
-        "it ends, without a look-up per line (`launcher/collapse.py`); identical lines are "
+        "it ends, without a look-up per line (`launcher/streams/collapse.py`); identical lines are "
         "still looked up line by line, which is what their `--collapse` wall time shows.",
     ]
     return "\n".join(out) + "\n"

@@ -397,8 +397,9 @@ def run_dtrain_in_process(args: Sequence[str]) -> dict[str, float] | str:
     run: from the last rank started to every exit status received;
     finish: job record, closing the connections.
     """
-    from launcher import cli, survey
-    from launcher.supervisor import Supervisor
+    from launcher.cli import main as cli
+    from launcher.loop.supervisor import Supervisor
+    from launcher.run import survey
     from launcher.transport import ssh
 
     clock = PhaseClock()
@@ -458,7 +459,7 @@ def measure_imports(launchers: Launchers, hosts: str, env: dict[str, str]) -> di
 
 def measure_channel(ssh_config: Path, repeat: int) -> list[float]:
     """Round trips of one exec channel running ``true`` on an open dtrain connection."""
-    from launcher.hosts import Host
+    from launcher.core.hosts import Host
     from launcher.transport.ssh import SshSettings, connect_all, load_ssh_config
 
     settings = SshSettings(config_file=str(ssh_config))

@@ -1,7 +1,7 @@
 """1,000 hosts x 8 ranks, simulated: dtrain's own cost as the job grows.
 
 Every size runs in a fresh Python process (``--one HOSTS``) that drives the real job
-layer (``launcher.job.run_job``: plan, survey, specs, supervisor, outlets, the job
+layer (``launcher.run.job.run_job``: plan, survey, specs, supervisor, outlets, the job
 directory) with ``simtransport.SimTransport`` in place of SSH and ``sim_survey`` in
 place of the survey.  Measured there:
 
@@ -51,7 +51,7 @@ class QuietFrontend:
     def open_view(
         self, job_id: str, plan: Any, remote: bool = False, attempt: int = 0
     ) -> tuple[Any, Any]:
-        from launcher.console import QuietView
+        from launcher.view.console import QuietView
 
         return QuietView(), nullcontext()
 
@@ -64,7 +64,7 @@ def host_list(hosts: int) -> str:
 
 
 def config_for(hosts: int, job_dir: Path, grace_s: float = 1.0) -> Any:
-    from launcher.config import JobConfig, PlacementConfig
+    from launcher.core.config import JobConfig, PlacementConfig
 
     return JobConfig(
         command=("train",),
@@ -77,8 +77,8 @@ def config_for(hosts: int, job_dir: Path, grace_s: float = 1.0) -> Any:
 def time_planning(hosts: int, job_dir: Path) -> dict[str, float]:
     from simtransport import sim_survey
 
-    from launcher.job import plan_job
-    from launcher.specs import build_job_specs
+    from launcher.core.specs import build_job_specs
+    from launcher.run.job import plan_job
 
     config = config_for(hosts, job_dir)
     environ = {"PATH": "/usr/bin:/bin", "HOME": "/root"}
@@ -108,7 +108,7 @@ def peak_sampler(into: dict[str, int], stop: threading.Event) -> None:
 def run_job_once(hosts: int, job_dir: Path, fail: bool) -> dict[str, Any]:
     from simtransport import SimHosts, SimTransport, sim_survey
 
-    from launcher.job import run_job
+    from launcher.run.job import run_job
 
     sim = SimHosts(run_s=None if fail else 0.2, fail_rank=0 if fail else None)
     transport = SimTransport(sim)

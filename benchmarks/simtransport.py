@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from launcher.command import LaunchSpec
-from launcher.config import JobConfig
-from launcher.outcome import STREAMS, Stream
-from launcher.plan import Plan
-from launcher.specs import Site
-from launcher.survey import Survey
+from launcher.core.command import LaunchSpec
+from launcher.core.config import JobConfig
+from launcher.core.outcome import STREAMS, Stream
+from launcher.core.plan import Plan
+from launcher.core.specs import Site
+from launcher.run.survey import Survey
 from launcher.transport.base import RankFeed
 from launcher.transport.feeds import Pump
 

@@ -1,5 +1,5 @@
 """dtrain: a launcher for distributed training (``dtrain``, ``python -m launcher``)."""
 
-from launcher import codecache
+from launcher.base import codecache
 
 codecache.install()  # before any module of dtrain defines a dataclass

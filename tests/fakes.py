@@ -10,9 +10,9 @@ import threading
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from launcher.command import LaunchSpec
-from launcher.outcome import OutputSink, RankState, Stream
-from launcher.plan import Plan
+from launcher.core.command import LaunchSpec
+from launcher.core.outcome import OutputSink, RankState, Stream
+from launcher.core.plan import Plan
 
 T = TypeVar("T")
 Script = tuple[dict[Stream, list[bytes]], int | None, bool]  # output, exit status, ignores TERM

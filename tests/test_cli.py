@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.command import LaunchSpec
-from launcher.console import LineView
-from launcher.hosts import Host
+from launcher.core.command import LaunchSpec
+from launcher.core.hosts import Host
+from launcher.view.console import LineView
 from tests.conftest import REPO, child_env, py, run_dtrain, tagged
 
 

@@ -1,4 +1,4 @@
-"""launcher/codecache.py: dataclass methods compiled once and kept, never wrong."""
+"""launcher/base/codecache.py: dataclass methods compiled once and kept, never wrong."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.codecache import CodeCache
+from launcher.base.codecache import CodeCache
 
 DEFINE = """
 import dataclasses, sys
 from pathlib import Path
-from launcher.codecache import CodeCache
+from launcher.base.codecache import CodeCache
 cache = CodeCache(Path(sys.argv[1]))
 compiled = []
 def counting(source, *args):

@@ -11,19 +11,19 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.collapse import (
+from launcher.core.command import LaunchSpec
+from launcher.core.config import rank_set
+from launcher.core.hosts import Host
+from launcher.streams.collapse import (
     FLOOD_PASS_S,
     MAX_HELD,
     Collapsed,
     Collapser,
     expand,
-    rank_set,
     same_text,
 )
-from launcher.command import LaunchSpec
-from launcher.console import CollapsingView, JsonLinesView, LineView
-from launcher.hosts import Host
-from launcher.outlets import Outlet
+from launcher.streams.outlets import Outlet
+from launcher.view.console import CollapsingView, JsonLinesView, LineView
 from tests.conftest import py, run_dtrain
 from tests.test_jobs import job_id_of
 

@@ -12,10 +12,13 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from launcher.collapse import Collapser
-from launcher.command import LaunchSpec
-from launcher.config import ViewConfig
-from launcher.console import (
+from launcher.core.command import LaunchSpec
+from launcher.core.config import ViewConfig
+from launcher.core.hosts import Host
+from launcher.streams.collapse import Collapser
+from launcher.streams.jobdir import LogLine
+from launcher.streams.outlets import Outlet
+from launcher.view.console import (
     DEFAULT_TAG,
     CollapsingView,
     JsonLinesView,
@@ -24,9 +27,6 @@ from launcher.console import (
     LogView,
     make_view,
 )
-from launcher.hosts import Host
-from launcher.jobs import LogLine
-from launcher.outlets import Outlet
 from tests.conftest import py, run_dtrain
 
 

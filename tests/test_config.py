@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.config import (
+from launcher.base.errors import UsageError
+from launcher.core.config import (
     EnvConfig,
     JobConfig,
     MpiConfig,
@@ -19,7 +20,6 @@ from launcher.config import (
     config_to_json,
     validate_config,
 )
-from launcher.errors import UsageError
 
 BASE = JobConfig(command=("python", "train.py"))
 

@@ -1,4 +1,4 @@
-"""Other launchers' spellings: every row of launcher.dialects.PEER_FLAGS, through the real CLI.
+"""Other launchers' spellings: every row of launcher.cli.dialects.PEER_FLAGS, through the real CLI.
 
 An alias must give the very config that dtrain's own spelling gives; an accepted flag
 must change nothing; a refused one must be one line naming the peer, exit 2.  The
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cli
-from launcher.config import JobConfig
-from launcher.dialects import PEER_FLAGS, PeerFlag
+from launcher.cli import main as cli
+from launcher.cli.dialects import PEER_FLAGS, PeerFlag
+from launcher.core.config import JobConfig
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from launcher.env import (
+from launcher.base.errors import EnvError
+from launcher.core.env import (
     EnvOptions,
     build_env,
     build_tf_configs,
     parse_env_file,
     resolve_env_args,
 )
-from launcher.errors import EnvError
-from launcher.hosts import Host
-from launcher.plan import bind_gpus, plan_ranks
+from launcher.core.hosts import Host
+from launcher.core.plan import bind_gpus, plan_ranks
 
 OPTIONS = EnvOptions(job_id="job1", master_addr="10.0.0.1", master_port=29400)
 

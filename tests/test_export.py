@@ -22,10 +22,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import main
-from launcher.config import PlacementConfig
-from launcher.errors import UsageError
-from launcher.export import (
+from launcher.base.errors import UsageError
+from launcher.cli.main import main
+from launcher.core.config import PlacementConfig
+from launcher.core.export import (
     Shape,
     default_name,
     job_shape,
@@ -651,8 +651,8 @@ def test_manifest_mistakes_are_one_line(
 
 
 def test_the_flags_offer_what_the_module_knows() -> None:
-    from launcher import export as module
-    from launcher import options
+    from launcher.cli import options
+    from launcher.core import export as module
 
     assert options.KUBE_KINDS == module.KINDS
     assert options.KUBE_RESTART_POLICIES == module.RESTART_POLICIES

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.command import LaunchSpec
-from launcher.config import JobConfig, PlacementConfig
-from launcher.errors import LauncherError
-from launcher.hosts import Host
-from launcher.job import run_job
-from launcher.jobs import JobDir, process_start
+from launcher.base.errors import LauncherError
+from launcher.core.command import LaunchSpec
+from launcher.core.config import JobConfig, PlacementConfig
+from launcher.core.hosts import Host
+from launcher.run.job import run_job
+from launcher.streams.jobdir import JobDir, process_start
 from launcher.transport.local import LocalTransport
 from tests.conftest import run_dtrain, tagged
 from tests.fakes import FakeClock, FakeProcess, FakeTransport, RecordingFrontend

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import HostfileError
-from launcher.hostlist import expand_counts, expand_hostlist
-from launcher.hosts import Host, parse_host_list, parse_hostfile
+from launcher.base.errors import HostfileError
+from launcher.core.hostlist import expand_counts, expand_hostlist
+from launcher.core.hosts import Host, parse_host_list, parse_hostfile
 
 
 @pytest.mark.parametrize(

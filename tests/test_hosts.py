@@ -1,4 +1,4 @@
-"""Table tests for launcher.hosts: whole lists of Host values in, errors by substring."""
+"""Table tests for launcher.core.hosts: whole lists of Host values in, errors by substring."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.errors import HostfileError, UsageError
-from launcher.hosts import Host, parse_host_list, parse_hostfile
+from launcher.base.errors import HostfileError, UsageError
+from launcher.core.hosts import Host, parse_host_list, parse_hostfile
 
 HOSTFILES = Path(__file__).resolve().parent.parent / "hostfiles"
 

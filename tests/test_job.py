@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import JobConfig, PlacementConfig, ViewConfig
-from launcher.console import format_failure
-from launcher.errors import PlanError, UsageError
-from launcher.job import DryRun, Finished, plan_job, run_job
-from launcher.jobs import JobDir
-from launcher.plan import Plan
-from launcher.specs import Site
-from launcher.survey import Survey
+from launcher.base.errors import PlanError, UsageError
+from launcher.core.config import JobConfig, PlacementConfig, ViewConfig
+from launcher.core.plan import Plan
+from launcher.core.specs import Site
+from launcher.run.job import DryRun, Finished, plan_job, run_job
+from launcher.run.survey import Survey
+from launcher.streams.jobdir import JobDir
+from launcher.view.console import format_failure
 from tests.fakes import FakeClock, FakeTransport, RecordingFrontend, Script
 
 PORTS = [29400, 29401, 29402, 29403]

@@ -7,8 +7,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from launcher.jobs import JobDir, JobRecorder
-from launcher.outcome import JobResult, RankState
+from launcher.core.outcome import JobResult, RankState
+from launcher.streams.jobdir import JobDir, JobRecorder
 
 RANKS = 300
 EVERY_S = 0.5
@@ -70,9 +70,9 @@ def test_a_single_state_after_a_quiet_spell_is_written_at_once(tmp_path: Path) -
 def test_lines_after_the_journal_finished_still_reach_the_job_directory(tmp_path: Path) -> None:
     """A rank's reader can outlive the job's end (it waited on a paused view): its last lines
     go to the job directory after everything queued before them."""
-    from launcher.command import LaunchSpec
-    from launcher.hosts import Host
-    from launcher.outlets import Fanout, Outlet
+    from launcher.core.command import LaunchSpec
+    from launcher.core.hosts import Host
+    from launcher.streams.outlets import Fanout, Outlet
 
     job = JobDir.create(tmp_path, "20261125-000000-abcdef", {})
     recorder = JobRecorder(job)
@@ -89,9 +89,9 @@ def test_lines_after_the_journal_finished_still_reach_the_job_directory(tmp_path
 
 
 def test_thousands_of_ranks_keep_a_bounded_number_of_log_files_open(tmp_path: Path) -> None:
-    from launcher.command import LaunchSpec
-    from launcher.hosts import Host
-    from launcher.jobs import MAX_OPEN_LOGS
+    from launcher.core.command import LaunchSpec
+    from launcher.core.hosts import Host
+    from launcher.streams.jobdir import MAX_OPEN_LOGS
 
     job = JobDir.create(tmp_path, "20261125-000000-abcdef", {})
     recorder = JobRecorder(job)

@@ -7,7 +7,7 @@ import io
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.logs import LineFramer, pump_stream
+from launcher.streams.lines import LineFramer, pump_stream
 
 
 def frame(chunks: list[bytes], max_line_bytes: int = 1 << 24) -> list[bytes]:

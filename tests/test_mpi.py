@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.command import LaunchSpec
-from launcher.hosts import Host
-from launcher.mpi import MpiOutput, mpi_failure, mpi_mapping
-from launcher.outcome import JobResult, RankReport
-from launcher.plan import Plan, Rank
+from launcher.core.command import LaunchSpec
+from launcher.core.hosts import Host
+from launcher.core.outcome import JobResult, RankReport
+from launcher.core.plan import Plan, Rank
+from launcher.run.mpi import MpiOutput, mpi_failure, mpi_mapping
 from tests.conftest import child_env, py, run_dtrain, tagged, wait_until_gone
 from tests.testhosts import TestHosts
 

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher.command import LaunchSpec
-from launcher.config import JobConfig, PlacementConfig
-from launcher.hosts import Host
-from launcher.job import Finished, run_job
-from launcher.jobs import JobDir
-from launcher.outcome import JobResult, RankState, Stream
-from launcher.outlets import Fanout, Lines, Outlet, OutputQueue
-from launcher.supervisor import Supervisor
+from launcher.core.command import LaunchSpec
+from launcher.core.config import JobConfig, PlacementConfig
+from launcher.core.hosts import Host
+from launcher.core.outcome import JobResult, RankState, Stream
+from launcher.loop.supervisor import Supervisor
+from launcher.run.job import Finished, run_job
+from launcher.streams.jobdir import JobDir
+from launcher.streams.outlets import Fanout, Lines, Outlet, OutputQueue
 from tests.conftest import DTRAIN, JOBS, REPO, child_env, marked_pids, rss_mib, wait_for_pids
 from tests.fakes import FakeClock, FakeTransport, RecordingFrontend, RecordingSink
 from tests.test_job import local_survey
@@ -298,9 +298,9 @@ def test_a_reader_held_back_by_a_full_view_goes_on_once_the_ranks_ended() -> Non
     reaches the job directory now instead of waiting for (or being lost to) the terminal."""
     import threading
 
-    from launcher.command import LaunchSpec
-    from launcher.hosts import Host
-    from launcher.outlets import OutputQueue
+    from launcher.core.command import LaunchSpec
+    from launcher.core.hosts import Host
+    from launcher.streams.outlets import OutputQueue
 
     queue = OutputQueue(limit_bytes=100)
     spec = LaunchSpec(0, Host("localhost"), 0, argv=("x",), env={})

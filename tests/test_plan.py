@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.errors import PlanError
-from launcher.hosts import Host
-from launcher.plan import (
+from launcher.base.errors import PlanError
+from launcher.core.hosts import Host
+from launcher.core.plan import (
     BindTo,
     Plan,
     Rank,

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.policy import (
+from launcher.core.policy import (
     Action,
     AttemptEnd,
     Continue,

@@ -363,12 +363,12 @@ def test_python_dash_m_launcher_is_dtrain() -> None:
 def test_no_heavy_imports_for_help_or_local_launch() -> None:
     code = (
         "import sys, io, contextlib\n"
-        "from launcher.cli import main\n"
+        "from launcher.cli.main import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    codes = [main(['--help']), main(['run', '--help'])]\n"
         "    codes.append(main(['run', '-np', '2', 'true']))\n"
         "assert codes == [0, 0, 0], codes\n"
-        "assert 'launcher.supervisor' in sys.modules\n"
+        "assert 'launcher.loop.supervisor' in sys.modules\n"
         "heavy = ('paramiko', 'torch', 'tensorflow', 'mpi4py')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )

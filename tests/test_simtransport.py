@@ -24,7 +24,7 @@ def test_every_simulated_rank_starts_prints_and_exits(tmp_path: Path) -> None:
 def test_a_failing_simulated_rank_stops_every_other(tmp_path: Path) -> None:
     from simtransport import SimHosts, SimTransport, sim_survey
 
-    from launcher.job import run_job
+    from launcher.run.job import run_job
 
     transport = SimTransport(SimHosts(run_s=None, fail_rank=3, fail_after_s=0.2))
     transport.expected = 4 * scale_sim.RANKS_PER_HOST

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import UsageError
-from launcher.hosts import Host
+from launcher.base.errors import UsageError
+from launcher.core.hosts import Host
 from launcher.transport.slurm import allocation_from
 from tests.conftest import (
     DTRAIN,

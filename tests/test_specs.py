@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from launcher.command import LaunchSpec
-from launcher.config import EnvConfig, JobConfig, PlacementConfig, PsConfig
-from launcher.env import PROXY_VARIABLES
-from launcher.hosts import Host
-from launcher.plan import plan_ps, plan_ranks
-from launcher.specs import DEFAULT_MASTER_PORT, ServerProgram, Site, build_job_specs
+from launcher.core.command import LaunchSpec
+from launcher.core.config import EnvConfig, JobConfig, PlacementConfig, PsConfig
+from launcher.core.env import PROXY_VARIABLES
+from launcher.core.hosts import Host
+from launcher.core.plan import plan_ps, plan_ranks
+from launcher.core.specs import DEFAULT_MASTER_PORT, ServerProgram, Site, build_job_specs
 
 CONFIG = JobConfig(command=("python", "train.py"))
 LOCAL = Site(local={"localhost": True}, ports={"localhost": [4000, 4001, 4002]})

@@ -363,8 +363,8 @@ def test_marked_processes_are_visible_on_remote_hosts(ssh_hosts: TestHosts, mark
 def test_an_agent_that_cannot_start_is_one_error_and_leaves_nothing(
     ssh_hosts: TestHosts,
 ) -> None:
-    from launcher.errors import HostConnectionError
-    from launcher.hosts import Host
+    from launcher.base.errors import HostConnectionError
+    from launcher.core.hosts import Host
     from launcher.transport.ssh import HostAgent, SshSettings, connect, load_ssh_config
 
     settings = SshSettings(config_file=str(ssh_hosts.ssh_config), timeout_s=5)

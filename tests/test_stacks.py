@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.stacks import format_stacks, group_stacks
-from launcher.topview import top_table
+from launcher.core.stacks import format_stacks, group_stacks
+from launcher.view.topview import top_table
 from tests.conftest import run_dtrain, start_dtrain, wait_until_gone
 from tests.testhosts import TestHosts
 

@@ -6,10 +6,10 @@ import signal
 import threading
 from typing import Any
 
-from launcher.command import LaunchSpec
-from launcher.hosts import Host
-from launcher.outcome import JobResult, RankReport
-from launcher.supervisor import Signalled, Supervisor, TimeLimits
+from launcher.core.command import LaunchSpec
+from launcher.core.hosts import Host
+from launcher.core.outcome import JobResult, RankReport
+from launcher.loop.supervisor import Signalled, Supervisor, TimeLimits
 from tests.fakes import FakeClock, FakeProcess, FakeTransport, RecordingSink, Script
 
 
@@ -128,13 +128,13 @@ def test_report_keeps_progress_bars_final_state_and_says_no_output() -> None:
     assert result.failure.stream == "stdout"
     silent, _, _ = supervise({0: ({}, 1, False)})
     assert silent.failure is not None and silent.failure.last_lines == ()
-    from launcher.console import format_failure
+    from launcher.view.console import format_failure
 
     assert format_failure(silent)[1] == "dtrain: rank 0 wrote nothing (no output)"
 
 
 def test_summary_counts_the_ranks_actually_stopped() -> None:
-    from launcher.console import format_failure
+    from launcher.view.console import format_failure
 
     # Ranks 0 and 2 had ended well before rank 1 failed: only rank 3 was stopped.
     result, _, _ = supervise(
@@ -150,7 +150,7 @@ def test_summary_counts_the_ranks_actually_stopped() -> None:
 
 
 def test_a_second_interrupt_says_it_killed_at_once() -> None:
-    from launcher.console import format_failure
+    from launcher.view.console import format_failure
 
     clock = FakeClock()
     transport = FakeTransport({0: ({}, None, True), 1: ({}, None, True)}, clock)

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from launcher.errors import UsageError
-from launcher.hosts import Host, parse_hostfile
-from launcher.sweep import (
+from launcher.base.errors import UsageError
+from launcher.core.hosts import Host, parse_hostfile
+from launcher.core.sweep import (
     Distribution,
     Placement,
     SearchSpace,

@@ -7,8 +7,8 @@ import io
 
 from rich.console import Console
 
-from launcher.sweep import TrialRow
-from launcher.sweepview import SweepView, fit_columns, format_results, pick_rows
+from launcher.core.sweep import TrialRow
+from launcher.view.sweepview import SweepView, fit_columns, format_results, pick_rows
 
 
 def row(trial: int, state: str, **metrics: float) -> TrialRow:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from launcher.command import LaunchSpec
-from launcher.hosts import Host
+from launcher.core.command import LaunchSpec
+from launcher.core.hosts import Host
 from launcher.transport.feeds import PipeReader, Pump
 from launcher.transport.local import LocalTransport
 
@@ -344,7 +344,7 @@ def test_requests_to_the_local_agent_are_answered_in_order_without_waiting() -> 
 
 
 def test_a_rank_the_agent_cannot_fork_fails_with_its_pipes_closed() -> None:
-    from launcher.errors import LauncherError
+    from launcher.base.errors import LauncherError
     from launcher.transport.local import LocalProcess
     from launcher.transport.localagent import Ticket
 

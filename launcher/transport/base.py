@@ -6,8 +6,8 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from launcher.command import LaunchSpec
-from launcher.outcome import Stream
+from launcher.core.command import LaunchSpec
+from launcher.core.outcome import Stream
 
 __all__ = ["Process", "RankFeed", "RoutedTransport", "Stream", "Transport", "run_parallel"]
 

@@ -21,8 +21,8 @@ import selectors
 import threading
 from collections.abc import Callable
 
-from launcher.log import Log
-from launcher.outcome import READ_BYTES
+from launcher.base.log import Log
+from launcher.core.outcome import READ_BYTES
 
 LOG = Log("dtrain.feeds")
 

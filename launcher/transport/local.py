@@ -11,8 +11,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-from launcher.command import LaunchSpec
-from launcher.errors import LauncherError
+from launcher.base.errors import LauncherError
+from launcher.core.command import LaunchSpec
 from launcher.transport import localagent
 from launcher.transport.base import RankFeed, Stream
 from launcher.transport.feeds import PipeReader

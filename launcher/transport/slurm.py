@@ -21,9 +21,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from launcher.errors import HostConnectionError, UsageError
-from launcher.hostlist import expand_counts, expand_hostlist
-from launcher.hosts import Host
+from launcher.base.errors import HostConnectionError, UsageError
+from launcher.core.hostlist import expand_counts, expand_hostlist
+from launcher.core.hosts import Host
 
 STEP_END_S = 5.0  # after the lifeline closed, how long the step may take to end by itself
 # Slurm's states of a job it has ended (or is ending): its ranks' signals came from Slurm.

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from launcher import remote
-from launcher.command import LaunchSpec, build_remote_command
-from launcher.errors import HostConnectionError
-from launcher.hosts import Host
-from launcher.log import LOG
-from launcher.outcome import STREAMS
+from launcher.base.errors import HostConnectionError
+from launcher.base.log import LOG
+from launcher.core.command import LaunchSpec, build_remote_command
+from launcher.core.hosts import Host
+from launcher.core.outcome import STREAMS
 from launcher.remote import agent, watchdog
 from launcher.transport.base import RankFeed, Stream, run_parallel
 from launcher.transport.feeds import Pump

@@ -8,7 +8,7 @@ lazy module first: paramiko gets it, and it loads the moment ``Match exec`` call
 
 from __future__ import annotations
 
-from launcher.lazy import defer_import
+from launcher.base.lazy import defer_import
 
 defer_import("invoke")
 

@@ -1,0 +1,467 @@
+"""The edge's option declarations: every flag of dtrain, named as the config field it sets.
+
+``cli.py`` applies these to its commands; ``config.config_from_options`` turns
+the parsed values into a ``JobConfig`` by those names, so a flag's journey
+starts here: ``-x exports`` fills ``EnvConfig.exports``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import click
+
+from launcher.core.config import DEFAULT_GRACE_S, DEFAULT_HOST_TIMEOUT_S, DEFAULT_SSH_TIMEOUT_S
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Decorator(Protocol):
+    def __call__(self, command: F, /) -> F: ...
+
+
+def option(declarations: str, help: str, **settings: Any) -> Decorator:
+    """``click.option`` with its flags (and the config field it sets) in one string."""
+    return click.option(*declarations.split(), help=help, **settings)
+
+
+def stacked(*decorators: Decorator) -> Decorator:
+    """One decorator applying several, in the order given (the first is listed first)."""
+
+    def apply(command: F) -> F:
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+
+    return apply
+
+
+SECONDS = {"metavar": "SECONDS", "show_default": True}
+COUNT = {"metavar": "N", "show_default": True}
+host_options = stacked(
+    option(
+        "-H --host host_lists",
+        "Hosts and slots, e.g. -H a:4,b:4 or -H a,a,b (repeatable).",
+        multiple=True,
+        metavar="HOST[:SLOTS],...",
+    ),
+    option(
+        "--hostfile",
+        "Hostfile (Open MPI/DeepSpeed 'host slots=N', Horovod/MPICH 'host:N', one per line).",
+        metavar="FILE",
+    ),
+)
+# The ssh flags a user would give ssh itself; ~/.ssh/config supplies the rest.
+ssh_options = stacked(
+    option("--ssh-config config_file", "ssh config file (default ~/.ssh/config).", metavar="FILE"),
+    option(
+        "--ssh-port port",
+        "SSH port for every host (overrides the config).",
+        type=click.IntRange(1, 65535),
+        metavar="PORT",
+    ),
+    option("--ssh-identity identity", "Private key to log in with.", metavar="KEY"),
+    option(
+        "--ssh-timeout timeout_s",
+        "Connect timeout per host.",
+        type=click.FloatRange(0.1),
+        default=DEFAULT_SSH_TIMEOUT_S,
+        **SECONDS,
+    ),
+    option(
+        "--host-timeout host_timeout_s",
+        "A host whose agent is silent this long (it beats every 5 s at most) is lost.",
+        type=click.FloatRange(1),
+        default=DEFAULT_HOST_TIMEOUT_S,
+        **SECONDS,
+    ),
+    option(
+        "--accept-new-host-keys",
+        "Trust hosts not yet in known_hosts and record their keys.",
+        is_flag=True,
+    ),
+)
+# What every rank of a job gets: rendezvous, variables, GPUs, directory, the grace period.
+rank_options = stacked(
+    option(
+        "--master-port",
+        "Rendezvous port (default: a free port on rank 0's host).",
+        type=click.IntRange(1, 65535),
+        metavar="PORT",
+    ),
+    option(
+        "-x exports",
+        "Export a variable to every rank; NAME alone copies it from here.",
+        multiple=True,
+        metavar="NAME[=VALUE]",
+    ),
+    option(
+        "--env-file env_files",
+        "Variables for every rank, dotenv syntax (repeatable).",
+        multiple=True,
+        metavar="FILE",
+    ),
+    option("--gpus-per-rank", "Bind K GPUs to each rank.", type=int, metavar="K"),
+    option(
+        "--no-gpu-binding gpu_binding",
+        "Leave CUDA_VISIBLE_DEVICES alone.",
+        flag_value=False,
+        default=True,
+    ),
+    option("--workdir", "Working directory of the ranks (default: here).", metavar="DIR"),
+    option(
+        "--python",
+        "Interpreter for a Python script COMMAND (train.py runs as PYTHON train.py). Default: "
+        "dtrain's own; on other hosts the same path if it exists there, else python3.",
+        metavar="PATH",
+    ),
+    option(
+        "--no-python", "Run COMMAND as given, even train.py (as torchrun's flag).", is_flag=True
+    ),
+    option("-m --module", "COMMAND is a Python module: run python -m COMMAND.", is_flag=True),
+    option(
+        "--network-interface nics",
+        "NIC for gloo, NCCL and TensorPipe on every host (default: the one towards rank 0).",
+        metavar="IFACE",
+    ),
+    option(
+        "--grace grace_s",
+        "Time between SIGTERM and SIGKILL when stopping ranks.",
+        type=click.FloatRange(0),
+        default=DEFAULT_GRACE_S,
+        **SECONDS,
+    ),
+)
+# What the terminal shows, and where the job runs from.
+view_options = stacked(
+    option(
+        "--tag-format",
+        "Tag of each output line; fields {rank} {host} {local_rank} {node_rank} {role} {time}.",
+        metavar="FORMAT",
+    ),
+    option(
+        "--output-dir",
+        "Also write each rank's output to DIR/rank.N/stdout and stderr.",
+        metavar="DIR",
+    ),
+    option("--color/--no-color", "Colour rank tags (default: on a terminal).", default=None),
+    option(
+        "--dry-run", "Print the plan (ranks, commands, environment); start nothing.", is_flag=True
+    ),
+    option(
+        "--json as_json",
+        "Output as JSON lines (time, host, rank, role, stream, text); with --dry-run the plan.",
+        is_flag=True,
+    ),
+    option("--job-dir", "Where job directories live (default ~/.dtrain/jobs).", metavar="DIR"),
+    option("--detach", "Run in the background; follow with dtrain logs -f.", is_flag=True),
+    option("--plain", "Plain tagged lines, no live status view.", is_flag=True),
+    option("--ranks", "Show only these ranks (e.g. 0,3); all are logged.", metavar="LIST"),
+    option(
+        "--local-ranks",
+        "Show only these local ranks of every host (e.g. 0); all are logged.",
+        metavar="LIST",
+    ),
+    option("--quiet", "Show only the summary; all is logged.", is_flag=True),
+    option(
+        "--collapse/--no-collapse",
+        "Show identical lines of several ranks once, tagged [0-7] (default: on a terminal).",
+        default=None,
+    ),
+    option(
+        "--collapse-window collapse_window_s",
+        "How long a line waits for the same line from other ranks.",
+        type=click.FloatRange(0.01, 60),
+        default=0.5,
+        **SECONDS,
+    ),
+    option(
+        "-v --verbose",
+        "Say what dtrain does (connections, agents, plan, signals), with timestamps.",
+        is_flag=True,
+    ),
+    option(
+        "--lossy-view lossy",
+        "When the terminal falls behind, drop lines from it (counted) instead of slowing the "
+        "ranks; the job directory keeps every line.",
+        is_flag=True,
+    ),
+)
+# Fault tolerance: the whole job again after a failure, resuming from its checkpoints.
+restart_options = stacked(
+    option(
+        "--max-restarts",
+        "After a failure, start the whole job again, at most N times (new rendezvous port; "
+        "ranks see DTRAIN_RESTART_COUNT).",
+        type=click.IntRange(0),
+        default=0,
+        **COUNT,
+    ),
+    option(
+        "--restart-delay restart_delay_s",
+        "Wait between attempts (default: 1 s, doubling up to 30 s).",
+        type=click.FloatRange(0),
+        metavar="SECONDS",
+    ),
+    option(
+        "--min-np",
+        "A restart may run fewer ranks (down to N) on the hosts left after failures.",
+        type=click.IntRange(1),
+        metavar="N",
+    ),
+    option(
+        "--max-np",
+        "...and grows back up to N ranks when hosts return (default: -np).",
+        type=click.IntRange(1),
+        metavar="N",
+    ),
+    option(
+        "--host-discovery-script",
+        "It prints the hosts, one host[:slots] per line; run before every attempt and every "
+        "3 s: when they change, the job starts again on them (not counted as a restart).",
+        metavar="SCRIPT",
+    ),
+    option(
+        "--blacklist-cooldown blacklist_cooldown_s",
+        "A failed host may come back after this long (default: never, in this job).",
+        type=click.FloatRange(0),
+        metavar="SECONDS",
+    ),
+    option(
+        "--checkpoint-dir",
+        "DTRAIN_CHECKPOINT_DIR of every rank (default: checkpoints/ in the job directory).",
+        metavar="DIR",
+    ),
+)
+# Time limits: a hang (no output), a slow start, the whole job.
+limit_options = stacked(
+    option(
+        "--hang-timeout hang_timeout_s",
+        "No output from any rank for this long: take every rank's stack (job directory and "
+        "terminal), then fail with 124 (see --on-hang).",
+        type=click.FloatRange(0.1),
+        metavar="SECONDS",
+    ),
+    option(
+        "--on-hang",
+        "fail: stop the job (exit 124); dump: only show the stacks and go on.",
+        type=click.Choice(["fail", "dump"]),
+        default="fail",
+        show_default=True,
+    ),
+    option(
+        "--start-timeout start_timeout_s",
+        "Every rank must have started within this long (else exit 124, naming the late ones).",
+        type=click.FloatRange(0.1),
+        metavar="SECONDS",
+    ),
+    option(
+        "--timeout time_limit_s",
+        "Stop the job after this long (exit 124).",
+        type=click.FloatRange(0.1),
+        metavar="SECONDS",
+    ),
+)
+transport_option = option(
+    "--transport",
+    "How ranks start on other hosts: ssh, or slurm (srun, inside an allocation; the default "
+    "there when no -H/--hostfile is given).",
+    type=click.Choice(["auto", "ssh", "slurm"]),
+    default="auto",
+    show_default=True,
+)
+job_options = stacked(
+    host_options,
+    transport_option,
+    rank_options,
+    restart_options,
+    limit_options,
+    view_options,
+    ssh_options,
+)
+
+
+# dtrain export: the job written for a cluster's scheduler (a Slurm script, a Kubeflow manifest).
+def export_options(when: str, python: str, restarts: str) -> Decorator:
+    """The flags ``dtrain run`` also has; ``when`` says when variables are read, ``python``
+    the default interpreter, ``restarts`` what --max-restarts becomes."""
+    return stacked(
+        option(
+            "-x exports",
+            f"A variable for every rank; NAME alone copies it {when}.",
+            multiple=True,
+            metavar="NAME[=VALUE]",
+        ),
+        option(
+            "--env-file env_files",
+            f"Variables for every rank, dotenv syntax, read {when} (repeatable).",
+            multiple=True,
+            metavar="FILE",
+        ),
+        option("--gpus-per-rank", "GPUs for each rank.", type=click.IntRange(1), metavar="K"),
+        option("--workdir", "Working directory of the ranks.", metavar="DIR"),
+        option(
+            "--python",
+            f"Interpreter for a Python script COMMAND (default: {python}).",
+            metavar="PATH",
+        ),
+        option("--no-python", "Run COMMAND as given, even train.py.", is_flag=True),
+        option("-m --module", "COMMAND is a Python module: run python -m COMMAND.", is_flag=True),
+        option("--max-restarts", restarts, type=click.IntRange(0), default=0, **COUNT),
+    )
+
+
+slurm_options = stacked(
+    option(
+        "-np --np np",
+        "Number of ranks, one per Slurm task (default: nodes x tasks per node).",
+        type=int,
+        metavar="N",
+    ),
+    option("-N --nodes --nnodes nnodes", "Number of nodes.", type=int, metavar="N"),
+    option("--ntasks-per-node --nproc-per-node nproc_per_node", "Ranks on each node.", metavar="K"),
+    option("-t --time", "Time limit: minutes, H:MM:SS, D-HH, or 30m, 12h, 2d.", metavar="LIMIT"),
+    option("-p --partition", "Slurm partition.", metavar="NAME"),
+    option("-A --account", "Slurm account to charge.", metavar="NAME"),
+    option("-J --job-name name", "Job name (default: after the program).", metavar="NAME"),
+    option("-o --output", "Slurm's output file (default: NAME-%j.out).", metavar="FILE"),
+    option(
+        "--sbatch",
+        "Another sbatch option for the script, e.g. --sbatch=--mem=64G (repeatable).",
+        multiple=True,
+        metavar="OPTION",
+    ),
+    option(
+        "--dtrain",
+        "How the nodes start dtrain.",
+        default="dtrain",
+        show_default=True,
+        metavar="COMMAND",
+    ),
+    option("--tf tf_config", "Set TF_CONFIG with every rank a worker.", is_flag=True),
+    option("--checkpoint-dir", "DTRAIN_CHECKPOINT_DIR of every rank.", metavar="DIR"),
+)
+
+
+# launcher.core.export's KINDS and RESTART_POLICIES (a test checks they agree): importing it here
+# would slow every dtrain start.
+KUBE_KINDS = ("pytorchjob", "tfjob", "mpijob")
+KUBE_RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
+
+
+def kube_options(command: F) -> F:
+    """``dtrain export k8s``'s flags."""
+    return stacked(
+        option(
+            "--kind",
+            "The Kubeflow job: pytorchjob, tfjob or mpijob.",
+            type=click.Choice(KUBE_KINDS, case_sensitive=False),
+            default="pytorchjob",
+            show_default=True,
+        ),
+        option("--image", "Container image with the program.", required=True, metavar="IMAGE"),
+        option(
+            "-np --np np",
+            "Number of ranks (PyTorchJob: a pod each; TFJob: workers; MPIJob: mpirun -np).",
+            type=int,
+            metavar="N",
+        ),
+        option(
+            "--nproc-per-node",
+            "Ranks per pod: PyTorchJob runs torchrun in each pod; MPIJob: slots per worker.",
+            metavar="K",
+        ),
+        option("--nnodes", "Number of pods (with --nproc-per-node).", type=int, metavar="N"),
+        option("--workers", "TFJob: worker tasks.", type=click.IntRange(1), metavar="N"),
+        option(
+            "--ps ps_tasks",
+            "TFJob: parameter-server tasks (and a chief).",
+            type=click.IntRange(0),
+            default=0,
+            **COUNT,
+        ),
+        option("--evaluator", "TFJob: add an evaluator task.", is_flag=True),
+        option("--ps-gpus", "TFJob: ps tasks get GPUs too.", is_flag=True),
+        option("--name", "Job name (default: after the program).", metavar="NAME"),
+        option("--namespace", "Namespace (default: kubectl's current one).", metavar="NS"),
+        option(
+            "--secret secrets",
+            "Variable VAR from key KEY (default VAR) of Kubernetes secret SECRET (default: the "
+            "job's name). Repeatable.",
+            multiple=True,
+            metavar="VAR[=SECRET[:KEY]]",
+        ),
+        option(
+            "--restart-policy",
+            "Never (default), OnFailure (default with --max-restarts), Always, ExitCode.",
+            type=click.Choice(KUBE_RESTART_POLICIES, case_sensitive=False),
+            metavar="POLICY",
+        ),
+    )(command)
+
+
+# dtrain sweep: the trials (a grid, random draws), how they run, how the table is ordered.
+sweep_options = stacked(
+    option(
+        "--grid grids",
+        "Values to try, every combination: --grid 'lr=0.1,0.01 batch=32,64' (repeatable).",
+        multiple=True,
+        metavar="'NAME=V,V ...'",
+    ),
+    option(
+        "--random random_count",
+        "N random trials, drawn from the --param distributions.",
+        type=click.IntRange(1),
+        metavar="N",
+    ),
+    option(
+        "--param params",
+        "A distribution for --random: choice(a,b), uniform(lo,hi), loguniform(lo,hi), "
+        "int(lo,hi) (repeatable).",
+        multiple=True,
+        metavar="NAME=DIST",
+    ),
+    option("--seed", "Seed of the random draws (default: a new one, recorded).", type=int),
+    option(
+        "--np-per-trial",
+        "Ranks of each trial (a dtrain job of its own).",
+        type=click.IntRange(1),
+        default=1,
+        **COUNT,
+    ),
+    option(
+        "--max-parallel",
+        "At most N trials at once (default: as many as the slots hold).",
+        type=click.IntRange(1),
+        metavar="N",
+    ),
+    option(
+        "--retries",
+        "Run a failed trial again, at most N times.",
+        type=click.IntRange(0),
+        metavar="N",
+    ),
+    option("--objective", "Order the results by this metric.", metavar="NAME"),
+    option(
+        "--maximize/--minimize",
+        "Best is the highest (--maximize) or lowest (--minimize, the default) objective.",
+        default=None,
+    ),
+    option(
+        "--follow",
+        "Show the output of trial N (tagged [tN:RANK]).",
+        type=click.IntRange(0),
+        metavar="N",
+    ),
+    option(
+        "--resume",
+        "Run again the trials of sweep ID that did not finish (stopped, never started).",
+        metavar="ID",
+    ),
+    option("--retry-failed", "With --resume: the failed trials too.", is_flag=True),
+    option("--dry-run", "Print the trials (parameters, command); start nothing.", is_flag=True),
+    option("--json as_json", "Print the results table as JSON.", is_flag=True),
+    option("--plain", "A line per change of a trial's state, no live table.", is_flag=True),
+    option("--job-dir", "Where job directories live (default ~/.dtrain/jobs).", metavar="DIR"),
+)

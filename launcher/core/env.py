@@ -1,0 +1,231 @@
+"""Each rank's environment (pure: the base environment comes in as an argument).
+
+``build_env`` returns only the variables dtrain sets; the transport lays them
+over the launcher's own environment (locally) or passes them inline (SSH).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from launcher.base.errors import EnvError
+from launcher.core.plan import Plan, Rank
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    """What every rank's environment is built from."""
+
+    job_id: str
+    master_addr: str
+    master_port: int
+    extra: Mapping[str, str] = field(default_factory=dict)  # -x and --env-file, already resolved
+    base_env: Mapping[str, str] = field(default_factory=dict)  # the launcher's environment
+    tf_config: Mapping[int, str] = field(default_factory=dict)  # rank -> TF_CONFIG json
+    host_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per host name
+    groups: Mapping[str, int] = field(default_factory=dict)  # role -> its ranks (ps jobs)
+    nodes: int = 1  # hosts with ranks: torchrun's GROUP_WORLD_SIZE
+    restart_count: int = 0
+    max_restarts: int = 0
+
+
+def build_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
+    """The variables dtrain sets for one rank, user extras applied last."""
+    env = {
+        "RANK": str(rank.rank),
+        "WORLD_SIZE": str(rank.world_size),
+        "LOCAL_RANK": str(rank.local_rank),
+        "LOCAL_WORLD_SIZE": str(rank.local_world_size),
+        "NODE_RANK": str(rank.node_rank),
+        "GROUP_RANK": str(rank.node_rank),
+        "MASTER_ADDR": options.master_addr,
+        "MASTER_PORT": str(options.master_port),
+        **torchrun_env(rank, options),
+        "DTRAIN_JOB_ID": options.job_id,
+        "DTRAIN_RESTART_COUNT": str(options.restart_count),
+        "DTRAIN_HOST": rank.host.name,
+        "DTRAIN_ROLE": rank.role,
+        "PYTHONUNBUFFERED": "1",
+    }
+    if rank.local_world_size > 1 and "OMP_NUM_THREADS" not in options.base_env:
+        # torchrun does the same: N ranks x all cores each thrash a shared host.
+        env["OMP_NUM_THREADS"] = "1"
+    if rank.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(rank.gpus)
+    if rank.cpus is not None:  # the watchdog pins the rank to them (--bind-to)
+        env["DTRAIN_CPUS"] = ",".join(map(str, rank.cpus))
+    if rank.rank in options.tf_config:
+        env["TF_CONFIG"] = options.tf_config[rank.rank]
+    env.update(options.host_env.get(rank.host.name, {}))
+    env.update(options.extra)
+    return env
+
+
+def torchrun_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
+    """The rest of torchrun's contract, so scripts that read it (or detect torchrun) run as is.
+
+    A job without roles is torchrun's one role, ``default``; in parameter-server jobs
+    each role (chief, worker, ps, evaluator) is a role group of its own.
+    """
+    grouped = rank.role in options.groups
+    return {
+        "ROLE_NAME": rank.role if grouped else "default",
+        "ROLE_RANK": str(rank.task_index if grouped else rank.rank),
+        "ROLE_WORLD_SIZE": str(options.groups.get(rank.role, rank.world_size)),
+        "GROUP_WORLD_SIZE": str(options.nodes),
+        "TORCHELASTIC_RUN_ID": options.job_id,
+        "TORCHELASTIC_RESTART_COUNT": str(options.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(options.max_restarts),
+    }
+
+
+def build_tf_configs(
+    plan: Plan, ports: Mapping[int, int], addresses: Mapping[str, str]
+) -> dict[int, str]:
+    """``TF_CONFIG`` for MultiWorkerMirroredStrategy: every rank a worker.
+
+    ``ports`` maps rank -> a port free on its host; ``addresses`` maps a host
+    name to the address the other ranks reach it by.
+    """
+    workers = [
+        f"{format_host_port(addresses.get(r.host.name, r.host.name), ports[r.rank])}"
+        for r in plan.ranks
+    ]
+    return {
+        r.rank: json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": r.rank}},
+            separators=(",", ":"),
+        )
+        for r in plan.ranks
+    }
+
+
+# gRPC would send TensorFlow's traffic through these.
+PROXY_VARIABLES = (
+    "http_proxy",
+    "https_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "all_proxy",
+    "ALL_PROXY",
+    "grpc_proxy",
+    "no_grpc_proxy",
+)
+
+
+def build_ps_tf_configs(
+    plan: Plan, ports: Mapping[int, int], addresses: Mapping[str, str]
+) -> dict[int, str]:
+    """``TF_CONFIG`` for ParameterServerStrategy: the same cluster in every task.
+
+    The cluster lists chief, workers and ps by task index; an evaluator is
+    not part of the cluster (TensorFlow's convention) but gets its task.
+    """
+    cluster: dict[str, list[str]] = {}
+    for rank in plan.ranks:
+        if rank.role != "evaluator":
+            address = addresses.get(rank.host.name, rank.host.name)
+            cluster.setdefault(rank.role, []).append(format_host_port(address, ports[rank.rank]))
+    return {
+        r.rank: json.dumps(
+            {"cluster": cluster, "task": {"type": r.role, "index": r.task_index}},
+            separators=(",", ":"),
+        )
+        for r in plan.ranks
+    }
+
+
+def format_host_port(host: str, port: int) -> str:
+    """``host:port``, with IPv6 addresses in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_env_file(text: str, source: str) -> dict[str, str]:
+    """Parse dotenv syntax: ``NAME=value``, ``export NAME=value``, quotes, ``#`` comments."""
+    result: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{source}:{number}: {raw.strip()!r}"
+        if line.startswith("export "):
+            line = line[len("export ") :].lstrip()
+        name, sep, value = line.partition("=")
+        name = name.strip()
+        if not sep:
+            raise EnvError(f"{where}: expected NAME=value", "write e.g. 'NCCL_DEBUG=INFO'")
+        if not ENV_NAME.match(name):
+            raise EnvError(
+                f"{where}: {name!r} is not a valid variable name",
+                "names are letters, digits and '_', not starting with a digit",
+            )
+        result[name] = parse_env_value(value.strip(), where)
+    return result
+
+
+def parse_env_value(value: str, where: str) -> str:
+    """A dotenv value: 'single' (literal), "double" (with \\ escapes) or bare (# ends it)."""
+    if value[:1] in ("'", '"'):
+        quote = value[0]
+        end = find_closing_quote(value, quote)
+        if end < 0:
+            raise EnvError(f"{where}: unterminated {quote} quote", f"close the value with {quote}")
+        rest = value[end + 1 :].strip()
+        if rest and not rest.startswith("#"):
+            raise EnvError(
+                f"{where}: unexpected text after the quoted value", "quote the whole value"
+            )
+        inner = value[1:end]
+        if quote == '"':
+            inner = re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m[1], m[1]), inner)
+        return inner
+    comment = re.search(r"\s#", value)
+    return value[: comment.start()].rstrip() if comment else value
+
+
+def find_closing_quote(value: str, quote: str) -> int:
+    i = 1
+    while i < len(value):
+        if value[i] == "\\" and quote == '"':
+            i += 2
+            continue
+        if value[i] == quote:
+            return i
+        i += 1
+    return -1
+
+
+def resolve_env_args(
+    exports: Sequence[str],
+    env_files: Iterable[tuple[str, str]],
+    base_env: Mapping[str, str],
+) -> dict[str, str]:
+    """Merge ``--env-file`` (source, text) pairs, then ``-x NAME[=value]`` (the command line wins).
+
+    ``-x NAME`` copies NAME from the launcher's environment, as mpirun does.
+    """
+    result: dict[str, str] = {}
+    for source, text in env_files:
+        result.update(parse_env_file(text, source))
+    for item in exports:
+        name, sep, value = item.partition("=")
+        if not ENV_NAME.match(name):
+            raise EnvError(
+                f"-x {item!r}: {name!r} is not a valid variable name",
+                "use -x NAME or -x NAME=value",
+            )
+        if sep:
+            result[name] = value
+        elif name in base_env:
+            result[name] = base_env[name]
+        else:
+            raise EnvError(
+                f"-x {name}: {name} is not set in dtrain's environment",
+                f"export {name} first or pass -x {name}=value",
+            )
+    return result

@@ -1,0 +1,148 @@
+"""One run of one rank (loop layer): its process, a reader per stream, a waiter, its tails.
+
+The readers hand whole lines to the outlets (``outlets.Fanout``: the job
+directory and the view, each with its own writer), keeping the last ones for
+the failure report; when an outlet is full they wait, and so does the rank
+(back-pressure), never the supervisor.  The ends of streams and the exit go
+to the supervisor's inbox as messages.  A restarted rank is a new ``RankRun``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from launcher.core.command import LaunchSpec
+from launcher.core.outcome import STREAMS, RankState, Stream, keep_tail, new_tails
+from launcher.streams.lines import LinePump, LineSink, pump_stream
+from launcher.streams.outlets import Fanout
+from launcher.transport.base import Process
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    run: RankRun
+
+
+@dataclass(frozen=True)
+class Exit:
+    run: RankRun
+    status: int
+    time: float  # wall clock, the moment the status was known
+
+
+@dataclass(frozen=True)
+class Started:
+    """A remote rank's pid is known (its agent started it)."""
+
+    run: RankRun
+
+
+@dataclass(frozen=True)
+class Signalled:
+    signum: int
+
+
+Message = StreamEnd | Started | Exit | Signalled
+
+
+class RankRun:
+    """A started rank: what it said last (per stream), whether its streams are open, its status."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        process: Process,
+        state: RankState,
+        post: Callable[[Message], None],
+        output: Fanout,
+        wall: Callable[[], float],
+        now: Callable[[], float] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.process = process
+        self.state = state
+        self.post = post
+        self.output = output
+        self.wall = wall
+        self.open_streams = len(STREAMS)
+        self.status: int | None = None
+        self.tails: dict[Stream, deque[bytes]] = new_tails()
+        self.now = now or wall
+        self.last_output = self.now()  # when it last printed (--hang-timeout, dtrain top)
+        self.last_line = b""
+        self.started = not hasattr(process, "started")  # a remote rank's start comes later
+        self.pumps: dict[Stream, LinePump] = {}  # the streams' framing, when fed (``attach``)
+
+    def watch(self, output_dir: Path | None, append: bool = False) -> None:
+        """Have the streams read and the exit awaited: by the transport's own threads where
+        its process can be attached (``feed``, ``began``, ``exited``), else by a reader per
+        stream and a waiter.  ``output_dir`` gets raw copies of the streams."""
+        append = append or self.state.restarts > 0  # a restart appends to earlier runs' copies
+        copies = {s: open_copy(output_dir, self.spec.rank, s, append) for s in STREAMS}
+        attach = getattr(self.process, "attach", None)
+        if attach is not None:
+            self.pumps = {s: LinePump(self.lines_of(s), copies[s]) for s in STREAMS}
+            attach(self)
+            return
+        for stream in STREAMS:
+            threading.Thread(target=self.pump, args=(stream, copies[stream]), daemon=True).start()
+        threading.Thread(target=self.wait, daemon=True).start()
+
+    def lines_of(self, stream: Stream) -> LineSink:
+        tail = self.tails[stream]
+
+        def on_lines(lines: list[bytes]) -> None:
+            self.last_output = self.now()
+            self.last_line = lines[-1]
+            keep_tail(tail, lines)
+            self.output.post_lines(self.spec, stream, lines)
+
+        return on_lines
+
+    def pump(self, stream: Stream, copy: BinaryIO | None) -> None:
+        pump_stream(lambda size: self.process.read(stream, size), self.lines_of(stream), copy)
+        self.post(StreamEnd(self))
+
+    # -- fed by the transport (``attach``) ---------------------------------
+
+    def feed(self, stream: Stream, data: bytes) -> None:
+        pump = self.pumps[stream]
+        if data:
+            pump.feed(data)
+            return
+        try:
+            pump.finish()
+        finally:
+            self.post(StreamEnd(self))
+
+    def began(self) -> None:
+        self.post(Started(self))
+
+    def exited(self, status: int) -> None:
+        self.post(Exit(self, status, self.wall()))
+
+    def wait(self) -> None:
+        started = getattr(self.process, "started", None)  # a remote rank's pid comes later
+        if started is not None:
+            started.wait()
+            self.post(Started(self))
+        status = self.process.wait()
+        self.post(Exit(self, status, self.wall()))
+
+    @property
+    def running(self) -> bool:
+        return self.status is None
+
+
+def open_copy(output_dir: Path | None, rank: int, stream: Stream, append: bool) -> BinaryIO | None:
+    """``--output-dir``: DIR/rank.N/stdout and stderr, raw bytes as the rank wrote them."""
+    if output_dir is None:
+        return None
+    directory = output_dir / f"rank.{rank}"
+    directory.mkdir(parents=True, exist_ok=True)
+    return open(directory / stream, "ab" if append else "wb")  # the pump closes it

@@ -1,0 +1,47 @@
+"""A local job's agent, started before dtrain loads its job modules.
+
+The edge calls this first thing for a job on this machine alone: the agent's start-up
+(an interpreter, its imports) then runs while dtrain loads the rest of itself and plans.
+It is the job layer's door to the local transport for that one purpose, kept in a module
+of its own so that calling it loads nothing of the job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from launcher.base.errors import LauncherError
+from launcher.core.config import JobConfig
+
+
+def start_agent_early(config: JobConfig, environ: dict[str, str]) -> JobConfig:
+    """A job on this machine alone: start its local agent now, so that the agent's start-up
+    runs while dtrain loads the rest of itself and plans (the config comes back with the
+    job id the agent carries).  Any other job starts its agents as it needs them."""
+    placement = config.placement
+    if (
+        config.dry_run
+        or config.detach
+        or config.mpi is not None
+        or config.env.env_files
+        or placement.host_lists
+        or placement.hostfile
+        or placement.host_discovery_script
+        or placement.transport == "slurm"
+        or "SLURM_JOB_ID" in environ
+    ):
+        return config
+    from launcher.base.jobid import new_job_id
+    from launcher.transport import localagent
+
+    extra: dict[str, str] = {}
+    if config.env.exports:
+        from launcher.core.env import resolve_env_args
+
+        try:
+            extra = resolve_env_args(config.env.exports, (), environ)
+        except LauncherError:
+            return config  # said when the job is checked
+    job_id = config.job_id or new_job_id()
+    localagent.start_early({**environ, **extra, "DTRAIN_JOB_ID": job_id})
+    return replace(config, job_id=job_id)

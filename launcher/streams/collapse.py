@@ -1,0 +1,521 @@
+"""Identical lines from several ranks, shown once: ``[0-7] text`` (pure; the time comes in).
+
+With 8 ranks every library warning arrives 8 times.  ``Collapser`` groups lines
+that have the same stream and text, arriving within a window (0.5 s by
+default), and lets each group out once, tagged with the set of ranks that said
+it.  Rules:
+
+* lines that differ only in a log prefix's time, pid or thread id are the same
+  (glog's ``[W1123 08:38:17.186481407 socket.cpp:207]``, absl's
+  ``I0000 00:00:1795423122.942183   23605 port.cc:153]``, a logging timestamp);
+  the group shows the first rank's text.  Lines that differ anywhere else (a rank
+  number, a loss) are never merged;
+* every rank's lines come out in the order it wrote them: a line may join a
+  group only if that group is newer than the rank's previous line's group;
+* a group comes out when its window closes (or at once when every rank has
+  joined it), so no line waits longer than the window; groups come out in the
+  order they were made;
+* a flood that nothing shares is not held: once more than ``MAX_HELD`` lines of two
+  ranks or more came since a line was last shared, what is held comes out and the
+  next lines go straight out as they come (each rank's in its order), until a window
+  brings fewer than ``MAX_HELD`` lines (the flood is over) or ``FLOOD_PASS_S`` passed;
+  then collapsing starts again.  A line counts as shared when another rank said it,
+  even too long ago to join.  Looking up every line of such a flood would cost more
+  than it could save (+60% wall time in ``benchmarks/collapse_cost.py``), and a flood
+  comes out early anyway.
+
+Expanding what comes out (each group into one line per rank) gives back exactly
+each rank's lines in order: the property the tests check on random interleavings.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
+
+DEFAULT_WINDOW_S = 0.5
+MAX_HELD = 50_000  # lines held at most: a flood comes out early rather than piling up
+BULK_MOVE_SPAN = 16  # blocks in pending per moved block up to which a move rebuilds the span
+FLOOD_PASS_S = 1.0  # how long a flood that nothing shares goes straight out before a new look
+
+# Log prefixes whose time, pid and thread id vary between ranks (kept: severity, file:line).
+PREFIXES = (
+    # torch/c10: [W1123 08:38:17.186481407 socket.cpp:207]
+    (re.compile(rb"^\[([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ ([^\]\s]+:\d+)\]"), rb"[\1 \2]"),
+    # glog / absl: I0000 00:00:1795423122.942183   23605 port.cc:153]
+    (re.compile(rb"^([IWEF])\d{4} [\d:.]+\s+\d+ ([^\]\s]+:\d+)\]"), rb"\1 \2]"),
+    # Python logging's asctime: 2026-11-23 08:38:17,186 (and ISO 8601 with T)
+    (re.compile(rb"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?"), rb"<time>"),
+)
+
+
+def same_text(line: bytes) -> bytes:
+    """The line with a known log prefix's varying parts taken out: what groups compare."""
+    for pattern, replacement in PREFIXES:
+        line, found = pattern.subn(replacement, line, count=1)
+        if found:
+            break
+    return line
+
+
+@dataclass(frozen=True)
+class Collapsed:
+    """Lines as shown: their text once, for these ranks (ascending)."""
+
+    ranks: tuple[int, ...]
+    stream: str
+    lines: tuple[bytes, ...]
+    time: float = field(default=0.0, compare=False)  # when the first of them came
+
+
+@dataclass(eq=False)
+class Block:
+    """A batch of one rank's lines, held for the window; other ranks' same lines join its
+    lines (``joined``: line index -> every rank that said it, this block's rank first).
+    Line i stands at position ``serial + i * step`` in the output's order."""
+
+    rank: int
+    stream: str
+    lines: list[bytes]
+    keys: list[bytes]
+    first: float
+    serial: float
+    step: float = 1.0
+    joined: dict[int, list[int]] = field(default_factory=dict)
+    joins_left: int = 0  # joins until every rank said every line
+    index: dict[bytes, int] | None = None  # key -> its last line (made at the first join)
+    shown: int = 0  # lines before this one were let out (every rank had said them)
+    done: bool = False
+
+    def at(self, i: int) -> float:
+        return self.serial + i * self.step
+
+    def lines_upto(self, position: float) -> int:
+        """The end of its lines standing at ``position`` or before (at least one more)."""
+        count = len(self.lines)
+        if position == math.inf:
+            return count
+        end = min(count, max(self.shown + 1, math.floor((position - self.serial) / self.step) + 1))
+        while end < count and self.at(end) <= position:
+            end += 1
+        while end > self.shown + 1 and self.at(end - 1) > position:
+            end -= 1
+        return end
+
+    def line_of(self, key: bytes) -> int:
+        if self.index is None:
+            self.index = dict(zip(self.keys, range(len(self.keys)), strict=True))
+        return self.index[key]
+
+    def items(self, start: int, end: int) -> list[Collapsed]:
+        """Lines ``start:end`` as shown: runs of this rank's own lines, and each joined line
+        with its ranks, in order."""
+        out, own = [], (self.rank,)
+        for i in sorted(i for i in self.joined if start <= i < end):
+            if start < i:
+                out.append(Collapsed(own, self.stream, tuple(self.lines[start:i]), self.first))
+            ranks = tuple(sorted(self.joined[i]))
+            out.append(Collapsed(ranks, self.stream, (self.lines[i],), self.first))
+            start = i + 1
+        if start < end:
+            out.append(Collapsed(own, self.stream, tuple(self.lines[start:end]), self.first))
+        return out
+
+
+@dataclass
+class Track:
+    """One rank's lines on one stream: where its newest line stands, where its newest line
+    that another rank shares stands, and its held blocks after that one which no other rank
+    joined (free to move earlier, since nothing else depends on where they stand)."""
+
+    last: float = -math.inf
+    anchor: float = -math.inf
+    free: list[Block] = field(default_factory=list)
+
+
+class Collapser:
+    """Feed it lines as they come; it gives back what to show, and when.
+
+    Every held line has a position; what comes out comes out in the order of positions,
+    and each rank's lines on a stream stand in the order it wrote them.  A line joins
+    another rank's same held line when that keeps the order: when the held line stands
+    after the rank's newest line, or after its newest shared line once its own lines since
+    (which no other rank depends on) are moved in front of it.  A batch that no held line
+    matches is held whole as one ``Block`` at the end, with C-speed work per line only (its
+    keys into a dict).  That work still takes a third of the launcher's time in a flood of
+    distinct lines (the collapse-cost benchmark), so a flood that nothing shares skips it:
+    its lines pass straight out (see the module's rules).
+    """
+
+    def __init__(
+        self, world_size: int, window_s: float = DEFAULT_WINDOW_S, max_held: int = MAX_HELD
+    ) -> None:
+        self.world_size = world_size
+        self.window_s = window_s
+        self.max_held = max_held
+        self.pending: list[Block] = []  # by position
+        self.arrivals: deque[Block] = deque()  # by time: whose window closes next
+        self.held = 0  # lines in ``pending``
+        # stream -> key -> the newest block holding that key, in two generations (young,
+        # old): when the young one has had max_held keys put in, it becomes the old one and
+        # the old one goes, emitted blocks with it (a block still held is always in one).
+        self.open: dict[str, tuple[dict[bytes, Block], dict[bytes, Block]]] = {}
+        self.put = 0  # keys put in the young generations since they were made
+        self.tracks: dict[tuple[int, str], Track] = {}
+        self.top = 0.0  # the next position at the end
+        # A flood that nothing shares: lines taken so far, and at the last shared line; the
+        # ranks that spoke since (rank -> ``added`` after its latest lines).
+        self.added = 0
+        self.shared_at = 0
+        self.spoke: dict[int, int] = {}
+        # Passing such a flood straight out: until when at most, and the lines passed since
+        # ``counted_since`` (fewer than max_held in a window: the flood is over).
+        self.passing_until: float | None = None
+        self.counted_since = 0.0
+        self.counted = 0
+
+    def add(self, rank: int, stream: str, text: bytes, now: float) -> list[Collapsed]:
+        """One line of one rank: see ``add_lines``."""
+        return self.add_lines(rank, stream, [text], now)
+
+    def add_lines(self, rank: int, stream: str, lines: list[bytes], now: float) -> list[Collapsed]:
+        """A batch of one rank's lines; returns what is due now (a group every rank has
+        joined, windows closed, or the oldest lines when too many are held)."""
+        if self.passing_until is not None and self.is_passing(self.passing_until, len(lines), now):
+            return [Collapsed((rank,), stream, tuple(lines), now)]
+        self.added += len(lines)
+        self.spoke[rank] = self.added
+        keys = keys_of(lines)
+        young, old = self.open.get(stream) or self.open.setdefault(stream, ({}, {}))
+        track = self.tracks.get((rank, stream)) or self.tracks.setdefault((rank, stream), Track())
+        if young.keys().isdisjoint(keys) and old.keys().isdisjoint(keys):
+            self.hold_at_end(rank, stream, lines, keys, now, track)
+        else:
+            self.join_lines(rank, stream, lines, keys, now, track)
+        return self.due(now)
+
+    def join_lines(
+        self,
+        rank: int,
+        stream: str,
+        lines: list[bytes],
+        keys: list[bytes],
+        now: float,
+        track: Track,
+    ) -> None:
+        """Line by line: each joins another rank's held line where it can; the lines that
+        do not are held as blocks of their own, in front of the next line that joins."""
+        young, old = self.open[stream]
+        run: list[int] = []  # lines waiting for a place
+        for n, key in enumerate(keys):
+            block = young.get(key) or old.get(key)
+            if block is None or block.rank == rank:
+                run.append(n)
+                continue
+            self.shared_at = self.added  # another rank said it (even if too long ago to join)
+            if block.done:
+                run.append(n)
+                continue
+            i = block.line_of(key)
+            if i < block.shown:  # let out already
+                run.append(n)
+                continue
+            said = block.joined.get(i)
+            position = block.serial + i * block.step
+            if said is not None and rank in said:
+                run.append(n)
+                continue
+            if (run or position <= track.last) and not self.make_room(position, track, len(run)):
+                run.append(n)  # (without run, a line after the rank's newest joins at once)
+                continue
+            if run:
+                run_lines, run_keys = [lines[j] for j in run], [keys[j] for j in run]
+                self.place(rank, stream, run_lines, run_keys, now, position)
+                run = []
+            self.join(rank, block, i, track)
+        if run:
+            self.hold_at_end(
+                rank, stream, [lines[j] for j in run], [keys[j] for j in run], now, track
+            )
+
+    def make_room(self, position: float, track: Track, waiting: int) -> bool:
+        """Can the rank's next line stand at ``position``, with ``waiting`` lines of it not
+        yet held in front?  When its newest line stands after it, its free blocks move in
+        front first, if they fit after its newest shared line."""
+        if position > track.last:
+            return spacing(track.last, position, waiting) is not None
+        track.free = [b for b in track.free if not b.done]  # those let out stay where they were
+        if position <= track.anchor or not track.free:
+            return False
+        count = sum(len(b.lines) for b in track.free)
+        room = spacing(track.anchor, position, count + waiting)
+        if room is None:
+            return False
+        at, step = room
+        at = self.move(track.free, track, at, step)
+        track.last, track.free = at - step, []
+        return True
+
+    def move(self, blocks: list[Block], track: Track, at: float, step: float) -> float:
+        """The rank's free blocks (in order) to stand from ``at`` on, ``step`` apart: each
+        taken out of ``pending`` and put back in order.  Free blocks stand after the rank's
+        newest shared line and up to its newest line, and move in between: only that span
+        of ``pending`` changes.  Where it holds few other blocks it is rebuilt in one go
+        (a list search per block cost a scan of ``pending`` each: quadratic time for a rank
+        that flushes after every line, a block per line); else each block is found by its
+        position (what a few blocks in a long span cost least).  Returns where the next
+        line after them would stand."""
+        pending = self.pending
+        lo = bisect.bisect_right(pending, track.anchor, key=next_position)
+        hi = bisect.bisect_right(pending, track.last, key=next_position)
+        if hi - lo <= BULK_MOVE_SPAN * len(blocks):
+            moving = set(map(id, blocks))
+            span = [b for b in pending[lo:hi] if id(b) not in moving]
+            for block in blocks:
+                block.serial, block.step = at, step
+                at = block.at(len(block.lines))
+            span += blocks
+            span.sort(key=next_position)  # two sorted runs: one merge
+            pending[lo:hi] = span
+            return at
+        for block in blocks:
+            self.unpend(block)
+            block.serial, block.step = at, step
+            at = block.at(len(block.lines))
+            bisect.insort(pending, block, key=next_position)
+        return at
+
+    def unpend(self, block: Block) -> None:
+        """Take a block out of ``pending``, found by its position."""
+        pending, position = self.pending, next_position(block)
+        i = bisect.bisect_left(pending, position, key=next_position)
+        while (
+            i < len(pending)
+            and pending[i] is not block
+            and pending[i].at(pending[i].shown) == position
+        ):
+            i += 1  # blocks at the same position: a few at most
+        if i < len(pending) and pending[i] is block:
+            del pending[i]
+        else:  # not where its position says: never seen, but a scan still finds it
+            pending.remove(block)
+
+    def join(self, rank: int, block: Block, i: int, track: Track) -> None:
+        ranks = block.joined.get(i)
+        if ranks is None:
+            block.joined[i] = [block.rank, rank]
+        else:
+            ranks.append(rank)
+        block.joins_left -= 1
+        self.shared_at = self.added
+        track.last = track.anchor = block.serial + i * block.step
+        if track.free:
+            track.free = []  # its lines so far stand before a shared one now
+        end = block.serial + (len(block.lines) - 1) * block.step
+        owner = self.tracks[block.rank, block.stream]
+        if owner.anchor < end:
+            owner.anchor = end
+            if owner.free:
+                owner.free = [b for b in owner.free if b.serial > block.serial]
+
+    def place(
+        self,
+        rank: int,
+        stream: str,
+        lines: list[bytes],
+        keys: list[bytes],
+        now: float,
+        before: float,
+    ) -> None:
+        """Lines of a rank held between its newest line and ``before``, where its next line
+        joins another rank's (``make_room`` said they fit)."""
+        track = self.tracks[rank, stream]
+        room = spacing(track.last, before, len(lines))
+        assert room is not None  # make_room checked it
+        block = Block(rank, stream, lines, keys, now, *room)
+        self.hold(block)
+        track.last = block.at(len(lines) - 1)
+        young = self.open[stream][0]
+        for key in keys:  # a block further on is the better one to join: keep it
+            if key not in young or young[key].done:
+                young[key] = block
+        self.put += len(keys)
+
+    def hold_at_end(
+        self,
+        rank: int,
+        stream: str,
+        lines: list[bytes],
+        keys: list[bytes],
+        now: float,
+        track: Track,
+    ) -> None:
+        block = Block(rank, stream, lines, keys, now, max(self.top, track.last + 1))
+        self.top = block.at(len(lines) - 1) + 1
+        track.last = self.top - 1
+        if track.free and track.free[0].done:  # let out: no longer free, and no longer kept
+            track.free = [b for b in track.free if not b.done]
+        track.free.append(block)
+        self.hold(block)
+        if self.put >= self.max_held:  # a new generation (every stream's: they share ``put``)
+            self.open = {name: ({}, young) for name, (young, _) in self.open.items()}
+            self.put = 0
+        self.open[stream][0].update(zip(keys, repeat(block)))
+        self.put += len(keys)
+
+    def hold(self, block: Block) -> None:
+        block.joins_left = len(block.lines) * (self.world_size - 1)
+        if not self.pending or next_position(self.pending[-1]) < block.serial:
+            self.pending.append(block)
+        else:
+            bisect.insort(self.pending, block, key=next_position)
+        self.arrivals.append(block)
+        self.held += len(block.lines)
+
+    def due(self, now: float) -> list[Collapsed]:
+        """What is due, in the order of positions: every line up to the last line of each
+        block whose window closed; the oldest too while more than ``max_held`` lines wait
+        (a flood comes out early), or all of them when nothing of the flood is shared (it
+        passes from now on); then the next lines that every rank has said."""
+        cut = -math.inf
+        arrivals = self.arrivals
+        while arrivals and (arrivals[0].done or arrivals[0].first + self.window_s <= now):
+            block = arrivals.popleft()
+            if not block.done:
+                cut = max(cut, block.at(len(block.lines) - 1))
+        out = self.emit_upto(cut)
+        if self.held > self.max_held and self.is_unshared_flood():
+            self.passing_until = now + FLOOD_PASS_S
+            self.counted_since, self.counted = now, 0
+            out += self.flush()
+            self.open, self.put = {}, 0  # every block is let out: nothing to look up
+            return out
+        while self.held > self.max_held:
+            head = self.pending[0]
+            out += self.emit_upto(head.at(len(head.lines) - 1))
+        return out + self.emit_said_by_all()
+
+    def is_unshared_flood(self) -> bool:
+        """More than max_held lines since a line was last shared, of two ranks or more (a
+        rank alone may just be ahead of the others that will say the same)."""
+        if self.added - self.shared_at <= self.max_held:
+            return False
+        speakers = sum(1 for at in self.spoke.values() if at > self.shared_at)
+        return speakers >= min(2, self.world_size)
+
+    def is_passing(self, until: float, count: int, now: float) -> bool:
+        """Do ``count`` lines that come at ``now`` pass straight out?  Not from ``until``
+        on, nor once a window brought no more than max_held lines: then collapsing starts
+        again, afresh (the flood must show again that nothing of it is shared)."""
+        if now - self.counted_since >= self.window_s:
+            ended = self.counted <= self.max_held
+            self.counted_since, self.counted = now, 0
+        else:
+            ended = False
+        if ended or now >= until:
+            self.passing_until = None
+            self.shared_at = self.added
+            self.spoke.clear()
+            return False
+        self.counted += count
+        return True
+
+    def emit_upto(self, cut: float) -> list[Collapsed]:
+        """Every held line standing at ``cut`` or before, in the order of positions (blocks
+        whose positions interleave come out line by line)."""
+        out: list[Collapsed] = []
+        pending = self.pending
+        while pending and pending[0].at(pending[0].shown) <= cut:
+            head = pending.pop(0)
+            limit = min(cut, next_position(pending[0]) if pending else math.inf)
+            out += self.let_out(head, head.lines_upto(limit))
+        return out
+
+    def emit_said_by_all(self) -> list[Collapsed]:
+        """The first held lines that every rank has said: out now, not at the window."""
+        out: list[Collapsed] = []
+        pending = self.pending
+        while pending:
+            head = pending[0]
+            limit = next_position(pending[1]) if len(pending) > 1 else math.inf
+            end = head.shown
+            while (
+                end < len(head.lines)
+                and len(head.joined.get(end, ())) == self.world_size
+                and head.at(end) <= limit
+            ):
+                end += 1
+            if end == head.shown:
+                break
+            out += self.let_out(pending.pop(0), end)
+        return out
+
+    def let_out(self, block: Block, end: int) -> list[Collapsed]:
+        """The block's lines up to ``end`` (it was taken out of ``pending``: what is left of
+        it goes back in at its next line's position)."""
+        out = block.items(block.shown, end)
+        self.held -= end - block.shown
+        block.shown = end
+        if end == len(block.lines):
+            block.done = True
+        else:
+            bisect.insort(self.pending, block, key=next_position)
+        return out
+
+    def flush(self) -> list[Collapsed]:
+        """Everything still held (the job ended)."""
+        out = self.emit_upto(math.inf)
+        self.arrivals.clear()
+        return out
+
+    def next_due(self) -> float | None:
+        """When the oldest block's window closes (None: nothing held)."""
+        while self.arrivals and self.arrivals[0].done:
+            self.arrivals.popleft()
+        return self.arrivals[0].first + self.window_s if self.arrivals else None
+
+
+HEADS = itemgetter(slice(0, 1))
+PREFIX_STARTS = b"[IWEF0123456789"  # the first bytes of the prefixes ``same_text`` knows
+
+
+def next_position(block: Block) -> float:
+    """Where the block's next line to show stands: what ``pending`` is sorted by."""
+    return block.serial + block.shown * block.step
+
+
+def spacing(after: float, before: float, count: int) -> tuple[float, float] | None:
+    """Where ``count`` lines go between two positions: the first one's and the step; None
+    when there is no room (or floating point has none left)."""
+    if before <= after:
+        return None
+    if after == -math.inf:
+        after = before - count - 1
+    step = (before - after) / (count + 1)
+    if count and not (after < after + step and after + count * step < before):
+        return None
+    return after + step, step
+
+
+def keys_of(lines: list[bytes]) -> list[bytes]:
+    """Each line's ``same_text``; at C speed when no line can start with a known prefix."""
+    heads = b"".join(map(HEADS, lines))
+    if len(heads.translate(None, PREFIX_STARTS)) == len(heads):
+        return lines
+    return [same_text(line) if line[:1] and line[0] in PREFIX_STARTS else line for line in lines]
+
+
+def expand(items: Sequence[Collapsed]) -> dict[int, list[tuple[str, bytes]]]:
+    """Each rank's lines back from collapsed output (its own text where it had one of its own
+    is the first rank's: the same up to the log prefix)."""
+    lines: dict[int, list[tuple[str, bytes]]] = {}
+    for item in items:
+        for rank in item.ranks:
+            lines.setdefault(rank, []).extend((item.stream, same_text(t)) for t in item.lines)
+    return lines

@@ -1,0 +1,316 @@
+"""From the ranks' readers to the sinks, never through the supervisor's loop (streams layer).
+
+Each sink (the job directory, the terminal view) is an ``Outlet``: a queue
+bounded per rank and a writer thread of its own that hands the queue's items
+to the sink in order.  A rank's reader that finds its share of a queue full
+waits (back-pressure: the rank's pipe fills, and the rank waits on its
+writes), unless the outlet is lossy (``--lossy-view``), which then drops the
+lines and counts them.  The supervisor's loop only posts rank states, which
+never wait.  A sink that raises (a broken pipe, a view's bug) is abandoned:
+the job goes on without it, and nothing waits on it again.
+
+Each batch is stamped with the time it was posted: a sink that holds lines for a while
+(the collapsing view) times its window on when lines came, not on when its writer got to
+them, which is seconds later while a terminal lags.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from launcher.core.outcome import OutputSink, RankState, Stream
+
+if TYPE_CHECKING:
+    from launcher.core.command import LaunchSpec
+
+RANK_BUFFER_BYTES = 1 << 20  # per rank and outlet: what may wait for a slow sink
+ENDED_RANK_BUFFER_BYTES = 4 << 20  # per rank, once ranks ended: what their pipes still held
+FINISH_POLL_S = 0.1  # how often a finishing wait looks for a signal
+LINE_OVERHEAD_BYTES = 64  # a line's cost beyond its text (list slot, bytes object)
+
+
+@dataclass(frozen=True)
+class Lines:
+    spec: LaunchSpec
+    stream: Stream
+    lines: list[bytes]
+    size: int
+    posted: float  # when they were queued (the queue's clock: ``time.monotonic``)
+
+
+Item = Lines | RankState
+
+
+class Tick:
+    """What ``take`` gives when its deadline passed with nothing queued: a timed sink's turn."""
+
+
+TICK = Tick()
+
+
+@runtime_checkable
+class TimedSink(Protocol):
+    """A sink that holds lines for a while (the collapsing view).  The writer gives it each
+    batch with the time it was posted, asks it until when it holds lines (on the queue's
+    clock), ticks it then if nothing came meanwhile, and flushes it at the end."""
+
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
+        """The lines, posted at ``at``."""
+
+    def next_due(self) -> float | None:
+        """When held lines are due (None: none held)."""
+
+    def tick(self, now: float | None = None) -> None:
+        """Let out what is due at ``now``: nothing was posted before it that the sink has
+        not had (None: its own clock's now)."""
+
+    def flush(self) -> None:
+        """Let out everything held."""
+
+
+class OutputQueue:
+    """FIFO of lines and states; lines are bounded per rank (``limit_bytes`` each)."""
+
+    def __init__(
+        self,
+        limit_bytes: int = RANK_BUFFER_BYTES,
+        lossy: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit_bytes = limit_bytes
+        self.lossy = lossy
+        self.clock = clock  # stamps the batches; deadlines of ``take`` are on it too
+        self.ready = threading.Condition()
+        self.items: deque[Item] = deque()
+        self.pending: dict[tuple[int, str | None], int] = {}  # bytes queued per rank
+        self.dropped = 0  # lines a lossy queue let go since the last report
+        self.closed = False  # no more items will come
+        self.done = False  # the writer took the last item: later lines are not queued
+        self.abandoned = False  # the sink is gone: take nothing more
+
+    def put_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> bool:
+        """Queue a rank's lines; wait while that rank's share is full (or drop, if lossy).
+        False: the writer is done (closed and emptied), the lines were not taken."""
+        size = sum(len(line) for line in lines) + LINE_OVERHEAD_BYTES * len(lines)
+        key = (spec.rank, spec.label)
+        with self.ready:
+            while not self.abandoned and not self.done and self.is_full(key, size):
+                if self.lossy:
+                    self.dropped += len(lines)
+                    return True
+                self.ready.wait()
+            if self.abandoned:
+                return True
+            if self.done:
+                return False
+            # Stamped under the lock: the stamps grow in the queue's order.
+            self.items.append(Lines(spec, stream, lines, size, self.clock()))
+            self.pending[key] = self.pending.get(key, 0) + size
+            self.ready.notify_all()
+            return True
+
+    def is_full(self, key: tuple[int, str | None], size: int) -> bool:
+        """No room for ``size`` more bytes of this rank (a batch larger than the limit
+        still passes alone: a rank never waits forever)."""
+        queued = self.pending.get(key, 0)
+        return queued > 0 and queued + size > self.limit_bytes
+
+    def put_state(self, state: RankState) -> None:
+        """Queue a rank's state: never waits (states are few: one per start and exit)."""
+        with self.ready:
+            if not self.abandoned:
+                self.items.append(state)
+                self.ready.notify_all()
+
+    def take(self, deadline: float | None = None) -> tuple[Item | Tick | None, int]:
+        """The next item (None once closed and empty; ``TICK`` when ``deadline``, a time on
+        the queue's clock, passed first), and the lines dropped before it.  A tick says that
+        nothing was posted before ``deadline`` that was not taken."""
+        with self.ready:
+            while not self.items and not self.closed and not self.abandoned:
+                if deadline is None:
+                    self.ready.wait()
+                    continue
+                left = deadline - self.clock()
+                if left <= 0:
+                    dropped, self.dropped = self.dropped, 0
+                    return TICK, dropped
+                self.ready.wait(left)
+            dropped, self.dropped = self.dropped, 0
+            if not self.items or self.abandoned:
+                self.done = True  # decided under the lock: nothing more is queued after this
+                self.ready.notify_all()
+                return None, dropped
+            item = self.items.popleft()
+            if isinstance(item, Lines):
+                key = (item.spec.rank, item.spec.label)
+                self.pending[key] -= item.size
+                self.ready.notify_all()  # a reader may be waiting for room
+            return item, dropped
+
+    def close(self) -> None:
+        with self.ready:
+            self.closed = True
+            self.ready.notify_all()
+
+    def let_lag(self, limit_bytes: int) -> None:
+        """Let each rank's share grow to ``limit_bytes`` (readers waiting for room go on)."""
+        with self.ready:
+            self.limit_bytes = max(self.limit_bytes, limit_bytes)
+            self.ready.notify_all()
+
+    def abandon(self) -> None:
+        """Drop everything and never wait again: the sink failed or is given up."""
+        with self.ready:
+            self.abandoned = True
+            self.items.clear()
+            self.pending.clear()
+            self.ready.notify_all()
+
+
+class Outlet:
+    """One sink behind its own queue and writer thread."""
+
+    def __init__(
+        self,
+        sink: OutputSink,
+        *,
+        name: str = "view",
+        lossy: bool = False,
+        patience_s: float | None = None,
+        limit_bytes: int = RANK_BUFFER_BYTES,
+        on_drop: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sink = sink
+        self.name = name
+        self.queue = OutputQueue(limit_bytes, lossy, clock)
+        self.on_drop = on_drop
+        self.patience_s = patience_s  # after Ctrl-C/SIGTERM, how long to wait for the writer
+        self.error: BaseException | None = None
+        self.late = threading.Lock()  # lines that come after the queue closed
+        self.thread = threading.Thread(target=self.write, name=f"dtrain-{name}", daemon=True)
+        self.thread.start()
+
+    def post_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        """Queue the lines.  Once the writer is done, a journal still gets them, written here
+        after everything queued before (a rank's reader may outlive the job's end: it waited
+        on a paused view); a view's are dropped (the job finished the view)."""
+        if self.queue.put_lines(spec, stream, lines) or self.is_view:
+            return
+        self.thread.join()  # the writer ends once it has written what was queued
+        with self.late:
+            if self.error is not None:
+                return
+            try:
+                self.sink.show(spec, stream, lines)
+            except BaseException as exc:  # as in the writer: the job goes on without it
+                self.error = exc
+
+    def write(self) -> None:
+        # A sink that holds lines for a while gets each batch with its posting time, a tick
+        # when what it holds is due and nothing came meanwhile, and a flush at the end (not
+        # when abandoned: then nothing more is shown).
+        timed = self.sink if isinstance(self.sink, TimedSink) else None
+        while True:
+            deadline = timed.next_due() if timed is not None else None
+            item, dropped = self.queue.take(deadline)
+            try:
+                if dropped and self.on_drop is not None:
+                    self.on_drop(dropped)
+                if item is None:
+                    if timed is not None and not self.queue.abandoned:
+                        timed.flush()
+                    return
+                if isinstance(item, Tick):
+                    assert timed is not None  # only a timed sink gives take a deadline
+                    timed.tick(deadline)
+                elif isinstance(item, Lines):
+                    if timed is not None:
+                        timed.show_at(item.spec, item.stream, item.lines, item.posted)
+                    else:
+                        self.sink.show(item.spec, item.stream, item.lines)
+                else:
+                    self.sink.update(item)
+            except BaseException as exc:  # the sink failed: the job goes on without it
+                self.error = exc
+                self.queue.abandon()
+                return
+
+    def finish(self, timeout_s: float | None, stop: threading.Event | None = None) -> bool:
+        """Let the writer empty the queue: at most ``timeout_s``, and once ``stop`` is set (a
+        signal to dtrain) at most its patience more.  False: given up on."""
+        self.queue.close()
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+        stopping = False
+        while self.thread.is_alive():
+            now = time.monotonic()
+            if stop is not None and stop.is_set() and not stopping:
+                stopping = True
+                deadline = min(deadline, now + (self.patience_s or 0.0))
+            if now >= deadline:
+                self.queue.abandon()
+                return False
+            self.thread.join(min(FINISH_POLL_S, deadline - now))
+        return True
+
+    @property
+    def is_view(self) -> bool:
+        """A view may be given up on (it has a patience); a journal never is."""
+        return self.patience_s is not None
+
+    @property
+    def failed(self) -> bool:
+        """The sink raised something other than a closed pipe (which ends a view quietly)."""
+        return self.error is not None and not isinstance(self.error, BrokenPipeError)
+
+
+class Fanout:
+    """Every outlet of a job; readers post lines, the loop posts states, none of them write."""
+
+    def __init__(self, outlets: Sequence[Outlet]) -> None:
+        self.outlets = list(outlets)
+
+    def post_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        for outlet in self.outlets:
+            outlet.post_lines(spec, stream, lines)
+
+    def post_state(self, state: RankState) -> None:
+        for outlet in self.outlets:
+            outlet.queue.put_state(state)
+
+    def let_views_lag(self) -> None:
+        """Every rank has exited: what is left in their pipes (a pipe's and a read's worth
+        at most) is read at once, so that the job directory gets it all now, while a slow or
+        paused terminal shows it later (it is not dropped: the views may hold it)."""
+        for outlet in self.outlets:
+            if outlet.is_view:
+                outlet.queue.let_lag(ENDED_RANK_BUFFER_BYTES)
+
+    def finish_journals(self) -> None:
+        """Let every journal (the job directory) write all it has, however long it takes."""
+        for outlet in self.outlets:
+            if not outlet.is_view:
+                outlet.finish(None)
+
+    def finish_views(self, interrupted: bool, stop: threading.Event | None = None) -> bool:
+        """Let every view show what it has: as long as it takes, but after Ctrl-C or SIGTERM
+        (before, or ``stop`` during the wait) at most its patience: a paused terminal must
+        not keep a stopped job alive.  False: a view was given up on."""
+        done = True
+        for outlet in self.outlets:
+            if outlet.is_view:
+                done &= outlet.finish(outlet.patience_s if interrupted else None, stop)
+        return done
+
+    def give_up_views(self) -> None:
+        """Ctrl-C twice: drop what the views still hold, so nothing waits on them."""
+        for outlet in self.outlets:
+            if outlet.is_view:
+                outlet.queue.abandon()
