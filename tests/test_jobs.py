@@ -334,7 +334,7 @@ def test_stop_and_follow_without_naming_the_job(tmp_path: Path, mark: str) -> No
     assert run_dtrain("stop", other, env=env).returncode == 0
     stopped = run_dtrain("stop", env=env)  # the only one left running
     assert stopped.returncode == 0 and f"dtrain: stopped job {job}" in stopped.stderr
-    out, err = followed.communicate(timeout=60)
+    out, _ = followed.communicate(timeout=60)
     assert [line for line in out.splitlines() if "tick" in line] == [
         f"[0] tick {i}" for i in (1, 2, 3)
     ]

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.base.errors import HostConnectionError, LauncherError, UsageError
 from launcher.base.log import LOG, PHASES
+from launcher.base.parallel import run_parallel
 from launcher.core.command import is_python_script
 from launcher.core.config import JobConfig, SshConfig, check_host_sources
 from launcher.core.hosts import Host, parse_host_list, parse_hostfile
 from launcher.core.plan import Cpu, Plan
 from launcher.core.specs import Site
 from launcher.remote.probe import cpus as probe_cpus
-from launcher.transport.base import run_parallel
 from launcher.transport.local import (
     detect_local_gpus,
     find_free_ports,

@@ -2,51 +2,16 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable
 from typing import Any, Protocol, TypeVar
 
 from launcher.core.command import LaunchSpec
 from launcher.core.outcome import Stream
 
-__all__ = ["Process", "RankFeed", "RoutedTransport", "Stream", "Transport", "run_parallel"]
+__all__ = ["Process", "RankFeed", "RoutedTransport", "Stream", "Transport"]
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
-
-
-def run_parallel(
-    keys: Sequence[K], call: Callable[[K], T], fanout: int
-) -> dict[K, T | BaseException]:
-    """``call(key)`` for every key, at most ``fanout`` at once; each result, or the error it
-    raised.  The threads are daemons: a connection stuck until its timeout never holds up
-    dtrain's exit after a signal (a thread pool's workers are joined at exit)."""
-    results: dict[K, T | BaseException] = {}
-    todo = list(reversed(keys))
-    lock = threading.Lock()
-
-    def work() -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                key = todo.pop()
-            try:
-                found: T | BaseException = call(key)
-            except BaseException as exc:
-                found = exc
-            with lock:
-                results[key] = found
-
-    threads = [
-        threading.Thread(target=work, name="dtrain-fanout", daemon=True)
-        for _ in range(max(1, min(fanout, len(keys))))
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return {key: results[key] for key in keys}
 
 
 class RankFeed(Protocol):

@@ -29,11 +29,12 @@ from typing import Any
 from launcher import remote
 from launcher.base.errors import HostConnectionError
 from launcher.base.log import LOG
+from launcher.base.parallel import run_parallel
 from launcher.core.command import LaunchSpec, build_remote_command
 from launcher.core.hosts import Host
 from launcher.core.outcome import STREAMS
 from launcher.remote import agent, watchdog
-from launcher.transport.base import RankFeed, Stream, run_parallel
+from launcher.transport.base import RankFeed, Stream
 from launcher.transport.feeds import Pump
 from launcher.transport.sshlib import paramiko
 
