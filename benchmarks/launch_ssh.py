@@ -400,14 +400,14 @@ def run_dtrain_in_process(args: Sequence[str]) -> dict[str, float] | str:
     from launcher.cli import main as cli
     from launcher.loop.supervisor import Supervisor
     from launcher.run import survey
-    from launcher.transport import ssh
+    from launcher.transport import agentlink, ssh
 
     clock = PhaseClock()
     out, err = io.StringIO(), io.StringIO()
     with contextlib.ExitStack() as stack:
         stack.enter_context(timed_attribute(ssh, "connect_all", clock, "connect"))
         stack.enter_context(timed_attribute(survey, "probe_remote_hosts", clock, "probe"))
-        stack.enter_context(timed_attribute(ssh.SshTransport, "start", clock, "start"))
+        stack.enter_context(timed_attribute(agentlink.SshTransport, "start", clock, "start"))
         stack.enter_context(timed_attribute(Supervisor, "run", clock, "supervise"))
         stack.enter_context(contextlib.redirect_stdout(out))
         stack.enter_context(contextlib.redirect_stderr(err))
@@ -460,7 +460,8 @@ def measure_imports(launchers: Launchers, hosts: str, env: dict[str, str]) -> di
 def measure_channel(ssh_config: Path, repeat: int) -> list[float]:
     """Round trips of one exec channel running ``true`` on an open dtrain connection."""
     from launcher.core.hosts import Host
-    from launcher.transport.ssh import SshSettings, connect_all, load_ssh_config
+    from launcher.transport.ssh import connect_all
+    from launcher.transport.sshconfig import SshSettings, load_ssh_config
 
     settings = SshSettings(config_file=str(ssh_config))
     connection = connect_all([Host("node1")], settings, load_ssh_config(settings))["node1"]

@@ -51,7 +51,7 @@ class QuietFrontend:
     def open_view(
         self, job_id: str, plan: Any, remote: bool = False, attempt: int = 0
     ) -> tuple[Any, Any]:
-        from launcher.view.console import QuietView
+        from launcher.view.lineviews import QuietView
 
         return QuietView(), nullcontext()
 
@@ -78,7 +78,7 @@ def time_planning(hosts: int, job_dir: Path) -> dict[str, float]:
     from simtransport import sim_survey
 
     from launcher.core.specs import build_job_specs
-    from launcher.run.job import plan_job
+    from launcher.run.planning import plan_job
 
     config = config_for(hosts, job_dir)
     environ = {"PATH": "/usr/bin:/bin", "HOME": "/root"}

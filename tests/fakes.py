@@ -7,6 +7,8 @@ import contextlib
 import queue
 import signal
 import threading
+import time
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
@@ -46,15 +48,36 @@ class FakeClock:
             self.time += max(0.0, timeout)
             return None
 
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        """As ``take``: ``SETTLE_S`` of real time (less for a shorter wait) for the event to
+        come, then time jumps to the deadline."""
+        if timeout is None:
+            return event.wait()
+        if event.wait(min(max(0.0, timeout), self.SETTLE_S)):
+            return True
+        self.time += max(0.0, timeout)
+        return event.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        """Nothing to wait for: time jumps at once (after letting the other threads run)."""
+        time.sleep(0)
+        self.time += max(0.0, seconds)
+
 
 class FakeProcess:
     """Writes its script, then exits with ``status`` (or runs until signalled)."""
 
     def __init__(
-        self, spec: LaunchSpec, script: Script, clock: FakeClock | None = None, delay_s: float = 0
+        self,
+        spec: LaunchSpec,
+        script: Script,
+        clock: FakeClock | None = None,
+        delay_s: float = 0,
+        stuck: bool = False,
     ) -> None:
         output, status, ignores_term = script
         self.spec = spec
+        self.stuck = stuck  # its watchdog never exits (a host that stopped answering, say)
         self.pid = 1000 + spec.rank
         self.script = {stream: list(chunks) for stream, chunks in output.items()}
         self.status = status
@@ -84,6 +107,9 @@ class FakeProcess:
         return self.status
 
     def gone(self, timeout: float) -> bool:
+        if self.stuck:
+            time.sleep(timeout)  # as a real watchdog that never exits: the whole wait
+            return False
         return self.exited.wait(timeout)
 
     def dump_stacks(self, timeout: float) -> dict[str, object]:
@@ -107,18 +133,31 @@ class FakeTransport:
         scripts: dict[int, Script],
         clock: FakeClock | None = None,
         delays: dict[int, float] | None = None,
+        stuck: frozenset[int] = frozenset(),
+        lost: Mapping[str, Script] | None = None,
     ) -> None:
         self.scripts = scripts
         self.clock = clock
         self.delays = delays or {}
+        self.stuck = stuck  # ranks whose watchdog never exits
+        self.lost = lost or {}  # hosts cut off: every rank there runs this script, and is lost
         self.started: dict[int, FakeProcess] = {}
+        self.history: list[FakeProcess] = []  # every rank started, restarts included
         self.closed = False
 
     def start(self, spec: LaunchSpec) -> FakeProcess:
+        lost = self.lost.get(spec.host.name)
         process = FakeProcess(
-            spec, self.scripts[spec.rank], self.clock, self.delays.get(spec.rank, 0)
+            spec,
+            self.scripts[spec.rank] if lost is None else lost,
+            self.clock,
+            self.delays.get(spec.rank, 0),
+            stuck=spec.rank in self.stuck,
         )
+        if lost is not None:
+            process.cause = f"{spec.host.name} was lost"
         self.started[spec.rank] = process
+        self.history.append(process)
         return process
 
     def close(self) -> None:

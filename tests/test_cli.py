@@ -14,7 +14,7 @@ import pytest
 
 from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
-from launcher.view.console import LineView
+from launcher.view.lineviews import LineView
 from tests.conftest import REPO, child_env, py, run_dtrain, tagged
 
 
@@ -248,7 +248,7 @@ def test_bad_port_in_the_ssh_config_is_one_line(tmp_path: Path) -> None:
 
 
 def test_proxy_jump_targets_parse() -> None:
-    from launcher.transport.ssh import split_host_port
+    from launcher.transport.sshconfig import split_host_port
 
     assert split_host_port("bastion") == ("bastion", None)
     assert split_host_port("bastion:2222") == ("bastion", 2222)

@@ -23,7 +23,7 @@ from launcher.streams.collapse import (
     same_text,
 )
 from launcher.streams.outlets import Outlet
-from launcher.view.console import CollapsingView, JsonLinesView, LineView
+from launcher.view.lineviews import CollapsingView, JsonLinesView, LineView
 from tests.conftest import py, run_dtrain
 from tests.test_jobs import job_id_of
 

@@ -16,17 +16,12 @@ from launcher.core.command import LaunchSpec
 from launcher.core.config import ViewConfig
 from launcher.core.hosts import Host
 from launcher.streams.collapse import Collapser
-from launcher.streams.jobdir import LogLine
+from launcher.streams.joblogs import LogLine
 from launcher.streams.outlets import Outlet
-from launcher.view.console import (
-    DEFAULT_TAG,
-    CollapsingView,
-    JsonLinesView,
-    LineView,
-    LiveView,
-    LogView,
-    make_view,
-)
+from launcher.view.frontend import make_view
+from launcher.view.lineviews import DEFAULT_TAG, CollapsingView, JsonLinesView, LineView
+from launcher.view.liveview import LiveView
+from launcher.view.logview import LogView
 from tests.conftest import py, run_dtrain
 
 

@@ -10,7 +10,8 @@ from rich.color import ColorSystem
 from rich.console import Console
 from rich.style import Style
 
-from launcher.view.console import SGR_COLORS, LineView, terminal_color_system
+from launcher.view.lineviews import SGR_COLORS, LineView
+from launcher.view.terminal import terminal_color_system
 
 TERMS = ["xterm-256color", "xterm", "dumb", "DUMB", "unknown", "xterm-kitty", "screen-16color", ""]
 COLORTERMS = ["", "truecolor", "24bit", "TrueColor ", "yes"]

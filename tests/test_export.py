@@ -25,13 +25,9 @@ from hypothesis import strategies as st
 from launcher.base.errors import UsageError
 from launcher.cli.main import main
 from launcher.core.config import PlacementConfig
-from launcher.core.export import (
-    Shape,
-    default_name,
-    job_shape,
-    slurm_time,
-    to_yaml,
-)
+from launcher.core.export import Shape, default_name, job_shape
+from launcher.core.sbatch import slurm_time
+from launcher.core.yamltext import to_yaml
 from tests.conftest import REPO, child_env, run_dtrain
 
 DATA = Path(__file__).resolve().parent / "data" / "kubeflow"
@@ -651,11 +647,11 @@ def test_manifest_mistakes_are_one_line(
 
 
 def test_the_flags_offer_what_the_module_knows() -> None:
-    from launcher.cli import options
-    from launcher.core import export as module
+    from launcher.cli import exportcmd
+    from launcher.core import manifest as module
 
-    assert options.KUBE_KINDS == module.KINDS
-    assert options.KUBE_RESTART_POLICIES == module.RESTART_POLICIES
+    assert exportcmd.KUBE_KINDS == module.KINDS
+    assert exportcmd.KUBE_RESTART_POLICIES == module.RESTART_POLICIES
 
 
 def test_export_k8s_needs_an_image_and_a_known_kind() -> None:

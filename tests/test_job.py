@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -15,10 +16,12 @@ from launcher.base.errors import PlanError, UsageError
 from launcher.core.config import JobConfig, PlacementConfig, ViewConfig
 from launcher.core.plan import Plan
 from launcher.core.specs import Site
-from launcher.run.job import DryRun, Finished, plan_job, run_job
+from launcher.run.attempt import DryRun, Finished
+from launcher.run.job import run_job
+from launcher.run.planning import plan_job
 from launcher.run.survey import Survey
 from launcher.streams.jobdir import JobDir
-from launcher.view.console import format_failure
+from launcher.view.reports import format_failure
 from tests.fakes import FakeClock, FakeTransport, RecordingFrontend, Script
 
 PORTS = [29400, 29401, 29402, 29403]
@@ -173,3 +176,83 @@ def test_nnodes_without_enough_healthy_hosts_says_which_failed() -> None:
         PlanError, match=r"only 1 host\(s\) given \(b\) \(after leaving out a: failed\)"
     ):
         plan_job(config, {}, excluded=("a",))
+
+
+def remote_survey(
+    plan: Plan, config: JobConfig, environ: Mapping[str, str], workdir: str
+) -> Survey:
+    """Every host is another machine (a fake one: the fake transport runs its ranks)."""
+    return Survey(
+        Site(
+            local={h.name: False for h in plan.hosts},
+            ports={h.name: PORTS for h in plan.hosts},
+            addresses={h.name: f"10.0.0.{i + 1}" for i, h in enumerate(plan.hosts)},
+        )
+    )
+
+
+@pytest.mark.parametrize(("delay_s", "waits"), [(None, [1, 2, 4]), (600.0, [600, 600, 600])])
+def test_restarts_wait_their_backoff_on_the_jobs_clock(
+    tmp_path: Path, delay_s: float | None, waits: list[int]
+) -> None:
+    config = JobConfig(
+        command=("true",),
+        placement=PlacementConfig(np=2),
+        job_dir=str(tmp_path),
+        max_restarts=3,
+        restart_delay_s=delay_s,
+    )
+    clock = FakeClock()
+    transport = FakeTransport({0: ({}, None, False), 1: ({}, 3, False)}, clock)
+    frontend = RecordingFrontend()
+    began, real_began = clock.now(), time.monotonic()
+    outcome = run_job(
+        config, {"PATH": "/usr/bin"}, frontend, survey=local_survey,
+        transports=lambda survey, config, environ: transport, clock=clock,
+    )  # fmt: skip
+    assert isinstance(outcome, Finished) and outcome.result.exit_code == 3
+    restarts = [n for n in frontend.notices if "restart" in n]
+    assert restarts == [
+        f"dtrain: attempt {n} failed (rank 1 on localhost exit code 3); restart {n + 1} of 3 "
+        f"in {wait} s"
+        for n, wait in enumerate(waits)
+    ]
+    assert clock.now() - began >= sum(waits)  # waited on the job's clock...
+    assert time.monotonic() - real_began < 30  # ...not on the machine's
+
+
+@pytest.mark.parametrize("cooldown_s", [30.0, 600.0])
+def test_a_lost_host_comes_back_after_its_cooldown_on_the_jobs_clock(
+    tmp_path: Path, cooldown_s: float
+) -> None:
+    """Host a is lost at once, every time: its cooldown decides where the restart runs."""
+    config = JobConfig(
+        command=("true",),
+        placement=PlacementConfig(host_lists=("a:2,b:2",), np=2, blacklist_cooldown_s=cooldown_s),
+        job_dir=str(tmp_path),
+        max_restarts=1,
+        restart_delay_s=0,
+        grace_s=5,
+    )
+    wait_s = config.ssh.host_timeout_s + config.grace_s  # for the lost host's ranks to end
+    assert 30.0 < wait_s < 600.0  # one cooldown ends before the restart, the other after
+    clock = FakeClock()
+    scripts: dict[int, Script] = {0: ({}, 0, False), 1: ({}, 0, False)}
+    transport = FakeTransport(scripts, clock, lost={"a": ({}, 255, False)})
+    frontend = RecordingFrontend()
+    began = clock.now()
+    outcome = run_job(
+        config, {"PATH": "/usr/bin"}, frontend, survey=remote_survey,
+        transports=lambda survey, config, environ: transport, clock=clock,
+    )  # fmt: skip
+    assert isinstance(outcome, Finished)
+    hosts = [(p.spec.rank, p.spec.host.name) for p in transport.history]
+    assert clock.now() - began >= wait_s
+    if cooldown_s < wait_s:  # back before the restart: it fails there again
+        assert hosts == [(0, "a"), (1, "a"), (0, "a"), (1, "a")]
+        assert outcome.result.exit_code == 255
+        assert not any("leaving out" in n for n in frontend.notices)
+    else:
+        assert hosts == [(0, "a"), (1, "a"), (0, "b"), (1, "b")]
+        assert outcome.result.exit_code == 0
+        assert "dtrain: leaving out a (failed; back after 600 s)" in frontend.notices

@@ -8,7 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from launcher.streams.jobdir import LogReader, find_job, parse_duration
+from launcher.streams.joblist import find_job
+from launcher.streams.joblogs import LogReader, parse_duration
 from tests.conftest import (
     DTRAIN,
     JOBS,

@@ -8,7 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.core.outcome import JobResult, RankState
-from launcher.streams.jobdir import JobDir, JobRecorder
+from launcher.streams.jobdir import JobDir
+from launcher.streams.recorder import JobRecorder
 
 RANKS = 300
 EVERY_S = 0.5
@@ -91,7 +92,7 @@ def test_lines_after_the_journal_finished_still_reach_the_job_directory(tmp_path
 def test_thousands_of_ranks_keep_a_bounded_number_of_log_files_open(tmp_path: Path) -> None:
     from launcher.core.command import LaunchSpec
     from launcher.core.hosts import Host
-    from launcher.streams.jobdir import MAX_OPEN_LOGS
+    from launcher.streams.recorder import MAX_OPEN_LOGS
 
     job = JobDir.create(tmp_path, "20261125-000000-abcdef", {})
     recorder = JobRecorder(job)

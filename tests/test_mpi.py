@@ -12,9 +12,11 @@ import pytest
 
 from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
+from launcher.core.mpi import mpi_mapping
 from launcher.core.outcome import JobResult, RankReport
 from launcher.core.plan import Plan, Rank
-from launcher.run.mpi import MpiOutput, mpi_failure, mpi_mapping
+from launcher.run.mpi import mpi_failure
+from launcher.transport.mpi import MpiOutput
 from tests.conftest import child_env, py, run_dtrain, tagged, wait_until_gone
 from tests.testhosts import TestHosts
 
@@ -317,7 +319,7 @@ def test_mpi_comm_spawn_has_room_with_oversubscribe(mark: str, tmp_path: Path) -
 def test_leftovers_of_a_job_are_killed_and_only_theirs(mark: str) -> None:
     import subprocess
 
-    from launcher.transport.local import kill_local_mpi_leftovers
+    from launcher.transport.mpi import kill_local_mpi_leftovers
 
     def sleeper(job: str) -> subprocess.Popen[bytes]:
         env = {**child_env(), "DTRAIN_JOB_ID": job, "DTRAIN_TEST_MARK": mark}
@@ -337,7 +339,9 @@ def test_leftovers_of_a_job_are_killed_and_only_theirs(mark: str) -> None:
 def test_leftovers_on_a_remote_host_are_killed(ssh_hosts: TestHosts, mark: str) -> None:
     import subprocess
 
-    from launcher.transport.ssh import SshSettings, connect, kill_mpi_leftovers, load_ssh_config
+    from launcher.transport.mpi import kill_mpi_leftovers
+    from launcher.transport.ssh import connect
+    from launcher.transport.sshconfig import SshSettings, load_ssh_config
 
     job = f"{mark}-remote"
     detached = f"DTRAIN_JOB_ID={job} DTRAIN_TEST_MARK={mark} setsid sleep 60 </dev/null >/dev/null"

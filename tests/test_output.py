@@ -18,7 +18,8 @@ from launcher.core.config import JobConfig, PlacementConfig
 from launcher.core.hosts import Host
 from launcher.core.outcome import JobResult, RankState, Stream
 from launcher.loop.supervisor import Supervisor
-from launcher.run.job import Finished, run_job
+from launcher.run.attempt import Finished
+from launcher.run.job import run_job
 from launcher.streams.jobdir import JobDir
 from launcher.streams.outlets import Fanout, Lines, Outlet, OutputQueue
 from tests.conftest import DTRAIN, JOBS, REPO, child_env, marked_pids, rss_mib, wait_for_pids

@@ -365,7 +365,9 @@ def test_an_agent_that_cannot_start_is_one_error_and_leaves_nothing(
 ) -> None:
     from launcher.base.errors import HostConnectionError
     from launcher.core.hosts import Host
-    from launcher.transport.ssh import HostAgent, SshSettings, connect, load_ssh_config
+    from launcher.transport.agentlink import HostAgent
+    from launcher.transport.ssh import connect
+    from launcher.transport.sshconfig import SshSettings, load_ssh_config
 
     settings = SshSettings(config_file=str(ssh_hosts.ssh_config), timeout_s=5)
     connection = connect(Host("node1"), settings, load_ssh_config(settings))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Any
 
 from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
 from launcher.core.outcome import JobResult, RankReport
-from launcher.loop.supervisor import Signalled, Supervisor, TimeLimits
+from launcher.loop.supervisor import SETTLE_EXTRA_S, Signalled, Supervisor, TimeLimits
 from tests.fakes import FakeClock, FakeProcess, FakeTransport, RecordingSink, Script
 
 
@@ -128,13 +129,13 @@ def test_report_keeps_progress_bars_final_state_and_says_no_output() -> None:
     assert result.failure.stream == "stdout"
     silent, _, _ = supervise({0: ({}, 1, False)})
     assert silent.failure is not None and silent.failure.last_lines == ()
-    from launcher.view.console import format_failure
+    from launcher.view.reports import format_failure
 
     assert format_failure(silent)[1] == "dtrain: rank 0 wrote nothing (no output)"
 
 
 def test_summary_counts_the_ranks_actually_stopped() -> None:
-    from launcher.view.console import format_failure
+    from launcher.view.reports import format_failure
 
     # Ranks 0 and 2 had ended well before rank 1 failed: only rank 3 was stopped.
     result, _, _ = supervise(
@@ -150,7 +151,7 @@ def test_summary_counts_the_ranks_actually_stopped() -> None:
 
 
 def test_a_second_interrupt_says_it_killed_at_once() -> None:
-    from launcher.view.console import format_failure
+    from launcher.view.reports import format_failure
 
     clock = FakeClock()
     transport = FakeTransport({0: ({}, None, True), 1: ({}, None, True)}, clock)
@@ -246,3 +247,22 @@ def test_a_rank_that_never_started_is_named_after_the_start_timeout() -> None:
     ).run()  # fmt: skip
     assert result.exit_code == 124
     assert result.timeout == "rank(s) 1 on h had not started after 30 s (--start-timeout)"
+
+
+def test_stuck_watchdogs_are_killed_together_within_one_budget() -> None:
+    """Eight ranks whose watchdogs never exit: settling SIGKILLs them all at once and waits
+    once, on the loop's clock (one after another, it took 19 s for a 3 s budget)."""
+    clock = FakeClock()
+    plans: dict[int, Script] = {r: ({}, 0, False) for r in range(8)}
+    transport = FakeTransport(plans, clock, stuck=frozenset(plans))
+    supervisor = Supervisor(
+        specs(8), transport, RecordingSink(), grace_s=1, handle_signals=False, clock=clock
+    )
+    began, real_began = clock.now(), time.monotonic()
+    result = supervisor.run()
+    assert time.monotonic() - real_began < 1 + SETTLE_EXTRA_S  # the grace and the extra
+    assert result.exit_code == 0
+    assert supervisor.unsettled == set(range(8))
+    assert all(transport.started[r].signals == [signal.SIGKILL] for r in range(8))
+    # On the loop's clock: the grace and the extra for them to go, then the extra once more.
+    assert clock.now() - began <= 1 + 2 * SETTLE_EXTRA_S + FakeClock.SETTLE_S

@@ -99,7 +99,7 @@ class ScriptedChannel:
 
 def test_agent_frames_are_taken_whole_whatever_the_chunks() -> None:
     from launcher.remote import agent
-    from launcher.transport.ssh import HostAgent
+    from launcher.transport.agentlink import HostAgent
 
     frames = [agent.encode(i % 7, agent.STDOUT, b"x" * (i % 50)) for i in range(100_000)]
     preamble = b"Welcome! (a login shell's banner)\n"

@@ -1,13 +1,15 @@
-"""Time, and every wait of the supervisor's loop, behind one injectable object.
+"""Time, and every wait of the loop, the restart loop and the survey, behind one object.
 
-The supervisor never calls ``time`` or blocks on its inbox by itself: it asks
-its clock.  ``SystemClock`` is the real one; tests pass a clock whose time
-jumps forward instead of passing, so grace periods of a minute take no time.
+The supervisor, the restart loop and the survey never call ``time`` or block on an
+inbox or an event by themselves: they ask their clock.  ``SystemClock`` is the real
+one; tests pass a clock whose time jumps forward instead of passing, so grace periods,
+restart delays and cooldowns of minutes take no time.
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from typing import Protocol, TypeVar
 
@@ -27,6 +29,14 @@ class Clock(Protocol):
         """The next item of ``inbox``, waiting at most ``timeout`` (None: forever); None if none."""
         ...
 
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        """Wait until ``event`` is set, at most ``timeout`` (None: forever); True once set."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` pass (between two looks at something nobody announces)."""
+        ...
+
 
 class SystemClock:
     def now(self) -> float:
@@ -40,3 +50,9 @@ class SystemClock:
             return inbox.get(timeout=None if timeout is None else max(0.0, timeout))
         except queue.Empty:
             return None
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        return event.wait(None if timeout is None else max(0.0, timeout))
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))

@@ -1,8 +1,10 @@
-"""The edge's option declarations: every flag of dtrain, named as the config field it sets.
+"""The edge's option declarations: the flags the job commands share, each named as the
+config field it sets.
 
-``cli.py`` applies these to its commands; ``config.config_from_options`` turns
-the parsed values into a ``JobConfig`` by those names, so a flag's journey
-starts here: ``-x exports`` fills ``EnvConfig.exports``.
+The command modules (``main.py``, ``sweepcmd.py``, ``exportcmd.py``) apply these
+to their commands; ``config.config_from_options`` turns the parsed values into
+a ``JobConfig`` by those names, so a flag's journey starts here: ``-x exports``
+fills ``EnvConfig.exports``.  ``help.py`` says under which heading each shows.
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ def stacked(*decorators: Decorator) -> Decorator:
 
     return apply
 
+
+CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+# A job command's options end at COMMAND: what follows is the command's own.
+JOB_COMMAND: dict[str, Any] = {**CONTEXT, "allow_interspersed_args": False}
+COMMAND = click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+JOB_DIR_OPTION = option(
+    "--job-dir", "Where job directories live (default ~/.dtrain/jobs).", metavar="DIR"
+)
 
 SECONDS = {"metavar": "SECONDS", "show_default": True}
 COUNT = {"metavar": "N", "show_default": True}
@@ -154,7 +164,7 @@ view_options = stacked(
         "Output as JSON lines (time, host, rank, role, stream, text); with --dry-run the plan.",
         is_flag=True,
     ),
-    option("--job-dir", "Where job directories live (default ~/.dtrain/jobs).", metavar="DIR"),
+    JOB_DIR_OPTION,
     option("--detach", "Run in the background; follow with dtrain logs -f.", is_flag=True),
     option("--plain", "Plain tagged lines, no live status view.", is_flag=True),
     option("--ranks", "Show only these ranks (e.g. 0,3); all are logged.", metavar="LIST"),
@@ -279,189 +289,4 @@ job_options = stacked(
     limit_options,
     view_options,
     ssh_options,
-)
-
-
-# dtrain export: the job written for a cluster's scheduler (a Slurm script, a Kubeflow manifest).
-def export_options(when: str, python: str, restarts: str) -> Decorator:
-    """The flags ``dtrain run`` also has; ``when`` says when variables are read, ``python``
-    the default interpreter, ``restarts`` what --max-restarts becomes."""
-    return stacked(
-        option(
-            "-x exports",
-            f"A variable for every rank; NAME alone copies it {when}.",
-            multiple=True,
-            metavar="NAME[=VALUE]",
-        ),
-        option(
-            "--env-file env_files",
-            f"Variables for every rank, dotenv syntax, read {when} (repeatable).",
-            multiple=True,
-            metavar="FILE",
-        ),
-        option("--gpus-per-rank", "GPUs for each rank.", type=click.IntRange(1), metavar="K"),
-        option("--workdir", "Working directory of the ranks.", metavar="DIR"),
-        option(
-            "--python",
-            f"Interpreter for a Python script COMMAND (default: {python}).",
-            metavar="PATH",
-        ),
-        option("--no-python", "Run COMMAND as given, even train.py.", is_flag=True),
-        option("-m --module", "COMMAND is a Python module: run python -m COMMAND.", is_flag=True),
-        option("--max-restarts", restarts, type=click.IntRange(0), default=0, **COUNT),
-    )
-
-
-slurm_options = stacked(
-    option(
-        "-np --np np",
-        "Number of ranks, one per Slurm task (default: nodes x tasks per node).",
-        type=int,
-        metavar="N",
-    ),
-    option("-N --nodes --nnodes nnodes", "Number of nodes.", type=int, metavar="N"),
-    option("--ntasks-per-node --nproc-per-node nproc_per_node", "Ranks on each node.", metavar="K"),
-    option("-t --time", "Time limit: minutes, H:MM:SS, D-HH, or 30m, 12h, 2d.", metavar="LIMIT"),
-    option("-p --partition", "Slurm partition.", metavar="NAME"),
-    option("-A --account", "Slurm account to charge.", metavar="NAME"),
-    option("-J --job-name name", "Job name (default: after the program).", metavar="NAME"),
-    option("-o --output", "Slurm's output file (default: NAME-%j.out).", metavar="FILE"),
-    option(
-        "--sbatch",
-        "Another sbatch option for the script, e.g. --sbatch=--mem=64G (repeatable).",
-        multiple=True,
-        metavar="OPTION",
-    ),
-    option(
-        "--dtrain",
-        "How the nodes start dtrain.",
-        default="dtrain",
-        show_default=True,
-        metavar="COMMAND",
-    ),
-    option("--tf tf_config", "Set TF_CONFIG with every rank a worker.", is_flag=True),
-    option("--checkpoint-dir", "DTRAIN_CHECKPOINT_DIR of every rank.", metavar="DIR"),
-)
-
-
-# launcher.core.export's KINDS and RESTART_POLICIES (a test checks they agree): importing it here
-# would slow every dtrain start.
-KUBE_KINDS = ("pytorchjob", "tfjob", "mpijob")
-KUBE_RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
-
-
-def kube_options(command: F) -> F:
-    """``dtrain export k8s``'s flags."""
-    return stacked(
-        option(
-            "--kind",
-            "The Kubeflow job: pytorchjob, tfjob or mpijob.",
-            type=click.Choice(KUBE_KINDS, case_sensitive=False),
-            default="pytorchjob",
-            show_default=True,
-        ),
-        option("--image", "Container image with the program.", required=True, metavar="IMAGE"),
-        option(
-            "-np --np np",
-            "Number of ranks (PyTorchJob: a pod each; TFJob: workers; MPIJob: mpirun -np).",
-            type=int,
-            metavar="N",
-        ),
-        option(
-            "--nproc-per-node",
-            "Ranks per pod: PyTorchJob runs torchrun in each pod; MPIJob: slots per worker.",
-            metavar="K",
-        ),
-        option("--nnodes", "Number of pods (with --nproc-per-node).", type=int, metavar="N"),
-        option("--workers", "TFJob: worker tasks.", type=click.IntRange(1), metavar="N"),
-        option(
-            "--ps ps_tasks",
-            "TFJob: parameter-server tasks (and a chief).",
-            type=click.IntRange(0),
-            default=0,
-            **COUNT,
-        ),
-        option("--evaluator", "TFJob: add an evaluator task.", is_flag=True),
-        option("--ps-gpus", "TFJob: ps tasks get GPUs too.", is_flag=True),
-        option("--name", "Job name (default: after the program).", metavar="NAME"),
-        option("--namespace", "Namespace (default: kubectl's current one).", metavar="NS"),
-        option(
-            "--secret secrets",
-            "Variable VAR from key KEY (default VAR) of Kubernetes secret SECRET (default: the "
-            "job's name). Repeatable.",
-            multiple=True,
-            metavar="VAR[=SECRET[:KEY]]",
-        ),
-        option(
-            "--restart-policy",
-            "Never (default), OnFailure (default with --max-restarts), Always, ExitCode.",
-            type=click.Choice(KUBE_RESTART_POLICIES, case_sensitive=False),
-            metavar="POLICY",
-        ),
-    )(command)
-
-
-# dtrain sweep: the trials (a grid, random draws), how they run, how the table is ordered.
-sweep_options = stacked(
-    option(
-        "--grid grids",
-        "Values to try, every combination: --grid 'lr=0.1,0.01 batch=32,64' (repeatable).",
-        multiple=True,
-        metavar="'NAME=V,V ...'",
-    ),
-    option(
-        "--random random_count",
-        "N random trials, drawn from the --param distributions.",
-        type=click.IntRange(1),
-        metavar="N",
-    ),
-    option(
-        "--param params",
-        "A distribution for --random: choice(a,b), uniform(lo,hi), loguniform(lo,hi), "
-        "int(lo,hi) (repeatable).",
-        multiple=True,
-        metavar="NAME=DIST",
-    ),
-    option("--seed", "Seed of the random draws (default: a new one, recorded).", type=int),
-    option(
-        "--np-per-trial",
-        "Ranks of each trial (a dtrain job of its own).",
-        type=click.IntRange(1),
-        default=1,
-        **COUNT,
-    ),
-    option(
-        "--max-parallel",
-        "At most N trials at once (default: as many as the slots hold).",
-        type=click.IntRange(1),
-        metavar="N",
-    ),
-    option(
-        "--retries",
-        "Run a failed trial again, at most N times.",
-        type=click.IntRange(0),
-        metavar="N",
-    ),
-    option("--objective", "Order the results by this metric.", metavar="NAME"),
-    option(
-        "--maximize/--minimize",
-        "Best is the highest (--maximize) or lowest (--minimize, the default) objective.",
-        default=None,
-    ),
-    option(
-        "--follow",
-        "Show the output of trial N (tagged [tN:RANK]).",
-        type=click.IntRange(0),
-        metavar="N",
-    ),
-    option(
-        "--resume",
-        "Run again the trials of sweep ID that did not finish (stopped, never started).",
-        metavar="ID",
-    ),
-    option("--retry-failed", "With --resume: the failed trials too.", is_flag=True),
-    option("--dry-run", "Print the trials (parameters, command); start nothing.", is_flag=True),
-    option("--json as_json", "Print the results table as JSON.", is_flag=True),
-    option("--plain", "A line per change of a trial's state, no live table.", is_flag=True),
-    option("--job-dir", "Where job directories live (default ~/.dtrain/jobs).", metavar="DIR"),
 )

@@ -213,13 +213,8 @@ def resolve_env_args(
     for source, text in env_files:
         result.update(parse_env_file(text, source))
     for item in exports:
-        name, sep, value = item.partition("=")
-        if not ENV_NAME.match(name):
-            raise EnvError(
-                f"-x {item!r}: {name!r} is not a valid variable name",
-                "use -x NAME or -x NAME=value",
-            )
-        if sep:
+        name, value = parse_export(item)
+        if value is not None:
             result[name] = value
         elif name in base_env:
             result[name] = base_env[name]
@@ -229,3 +224,15 @@ def resolve_env_args(
                 f"export {name} first or pass -x {name}=value",
             )
     return result
+
+
+def parse_export(item: str) -> tuple[str, str | None]:
+    """One ``-x NAME[=VALUE]``: the name, and the value when one is given (None: NAME's
+    value comes from the environment the job starts in, as with mpirun)."""
+    name, sep, value = item.partition("=")
+    if not ENV_NAME.match(name):
+        raise EnvError(
+            f"-x {item!r}: {name!r} is not a valid variable name",
+            "use -x NAME or -x NAME=value",
+        )
+    return name, value if sep else None

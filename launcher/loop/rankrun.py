@@ -20,7 +20,7 @@ from launcher.core.command import LaunchSpec
 from launcher.core.outcome import STREAMS, RankState, Stream, keep_tail, new_tails
 from launcher.streams.lines import LinePump, LineSink, pump_stream
 from launcher.streams.outlets import Fanout
-from launcher.transport.base import Process
+from launcher.transport.base import AttachableProcess, LateStartingProcess, Process
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class RankRun:
         self.now = now or wall
         self.last_output = self.now()  # when it last printed (--hang-timeout, dtrain top)
         self.last_line = b""
-        self.started = not hasattr(process, "started")  # a remote rank's start comes later
+        self.started = not isinstance(process, LateStartingProcess)  # told later (``Started``)
         self.pumps: dict[Stream, LinePump] = {}  # the streams' framing, when fed (``attach``)
 
     def watch(self, output_dir: Path | None, append: bool = False) -> None:
@@ -84,10 +84,9 @@ class RankRun:
         stream and a waiter.  ``output_dir`` gets raw copies of the streams."""
         append = append or self.state.restarts > 0  # a restart appends to earlier runs' copies
         copies = {s: open_copy(output_dir, self.spec.rank, s, append) for s in STREAMS}
-        attach = getattr(self.process, "attach", None)
-        if attach is not None:
+        if isinstance(self.process, AttachableProcess):
             self.pumps = {s: LinePump(self.lines_of(s), copies[s]) for s in STREAMS}
-            attach(self)
+            self.process.attach(self)
             return
         for stream in STREAMS:
             threading.Thread(target=self.pump, args=(stream, copies[stream]), daemon=True).start()
@@ -127,9 +126,8 @@ class RankRun:
         self.post(Exit(self, status, self.wall()))
 
     def wait(self) -> None:
-        started = getattr(self.process, "started", None)  # a remote rank's pid comes later
-        if started is not None:
-            started.wait()
+        if isinstance(self.process, LateStartingProcess):  # a remote rank's pid comes later
+            self.process.started.wait()
             self.post(Started(self))
         status = self.process.wait()
         self.post(Exit(self, status, self.wall()))

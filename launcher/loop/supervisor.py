@@ -14,7 +14,6 @@ from __future__ import annotations
 import queue
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -24,6 +23,7 @@ from typing import Any
 
 from launcher.base.clock import Clock, SystemClock
 from launcher.base.log import LOG
+from launcher.base.parallel import run_parallel
 from launcher.core.command import LaunchSpec
 from launcher.core.config import rank_set
 from launcher.core.outcome import JobResult, OutputSink, RankReport, RankState, build_rank_report
@@ -54,6 +54,7 @@ __all__ = ["Signalled", "Supervisor", "caught_signals"]
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for exits we may never see
 SETTLE_EXTRA_S = 2.0  # beyond the grace, for the watchdogs to exit once the ranks did
+SETTLE_POLL_S = (0.001, 0.05)  # the first and the longest pause between looks at them
 HANG_STACKS_S = 25.0  # how long taking the stacks of a hung job may take
 DRAIN_S = 2.0  # after the last exit, how long output may still trickle in
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -94,6 +95,13 @@ class TimeLimits:
 
 
 RESTART_COUNTS = ("DTRAIN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+
+
+def no_stacks(error: BaseException) -> dict[str, Any]:
+    """A rank's stacks that could not be taken: why, as its dump says it."""
+    if isinstance(error, TimeoutError):
+        return {"error": "no answer in time"}
+    return {"error": f"cannot take its stacks: {error}"}
 
 
 class Supervisor:
@@ -455,22 +463,20 @@ class Supervisor:
         if self.stacks is not None:
             return self.stacks(timeout_s)
         running = {rank: run for rank, run in list(self.runs.items()) if run.running}
-        found: dict[int, tuple[str, dict[str, Any]]] = {}
-
-        def take(rank: int, run: RankRun) -> None:
-            found[rank] = (run.spec.host.name, run.process.dump_stacks(timeout_s))
-
-        threads = [
-            threading.Thread(target=take, args=item, daemon=True) for item in running.items()
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout_s + 1)
-        late = {
-            r: (run.spec.host.name, {"error": "no answer in time"}) for r, run in running.items()
+        # One deadline for all: each answer is due within timeout_s, and one second more to
+        # come back.
+        found = run_parallel(
+            list(running),
+            lambda rank: running[rank].process.dump_stacks(timeout_s),
+            timeout_s=timeout_s + 1,
+        )
+        return {
+            rank: (
+                running[rank].spec.host.name,
+                no_stacks(dump) if isinstance(dump, BaseException) else dump,
+            )
+            for rank, dump in found.items()
         }
-        return {**late, **found}
 
     def stats(self, timeout_s: float) -> dict[int, dict[str, Any]]:
         """Every rank's figures for ``dtrain top``: host, pid, state, its last line and how long
@@ -485,16 +491,15 @@ class Supervisor:
                 "silent_s": round(now - run.last_output, 1),
                 "last_line": run.last_line.decode("utf-8", "replace")[-200:],
             }
-        running = [(r, run) for r, run in list(self.runs.items()) if run.running]
-
-        def take(rank: int, run: RankRun) -> None:
-            rows[rank].update(run.process.take_stats(timeout_s))
-
-        threads = [threading.Thread(target=take, args=item, daemon=True) for item in running]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout_s + 1)
+        running = {rank: run for rank, run in list(self.runs.items()) if run.running}
+        used = run_parallel(
+            list(running),
+            lambda rank: running[rank].process.take_stats(timeout_s),
+            timeout_s=timeout_s + 1,
+        )
+        for rank, figures in used.items():
+            if not isinstance(figures, BaseException):  # no answer in time: no figures
+                rows[rank].update(figures)
         return rows
 
     def ended_by_us(self, rank: int, status: int | None) -> bool:
@@ -506,14 +511,29 @@ class Supervisor:
 
     def settle(self) -> None:
         """Wait until nothing of any rank runs: each watchdog ends what its program left
-        (within the grace) and exits.  A restart starts only after this."""
-        end = time.monotonic() + self.grace_s + SETTLE_EXTRA_S
-        for run in [*self.runs.values(), *self.retired]:
-            if not run.process.gone(max(0.0, end - time.monotonic())):
-                self.unsettled.add(run.spec.rank)
-                LOG.debug("rank %d: its watchdog is still there: SIGKILL", run.spec.rank)
-                run.process.signal(signal.SIGKILL)  # the group too (the local fallback)
-                run.process.gone(SETTLE_EXTRA_S)
+        (within the grace) and exits.  A restart starts only after this.  The watchdogs still
+        there at the end are SIGKILLed all at once and waited for together, so that settling
+        takes at most the grace and twice ``SETTLE_EXTRA_S``, however many are stuck."""
+        runs = [*self.runs.values(), *self.retired]
+        stuck = self.wait_gone(runs, self.clock.now() + self.grace_s + SETTLE_EXTRA_S)
+        for run in stuck:
+            self.unsettled.add(run.spec.rank)
+            LOG.debug("rank %d: its watchdog is still there: SIGKILL", run.spec.rank)
+            run.process.signal(signal.SIGKILL)  # the group too (the local fallback)
+        self.wait_gone(stuck, self.clock.now() + SETTLE_EXTRA_S)
+
+    def wait_gone(self, runs: Sequence[RankRun], deadline: float) -> list[RankRun]:
+        """Wait until nothing of ``runs`` runs, at most until ``deadline``; those left.  A
+        watchdog's exit is looked for now and then, more rarely as the wait goes on (the
+        transports announce it to nobody the clock could wait on)."""
+        left, pause = list(runs), SETTLE_POLL_S[0]
+        while True:
+            left = [run for run in left if not run.process.gone(0.0)]
+            now = self.clock.now()
+            if not left or now >= deadline:
+                return left
+            self.clock.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, SETTLE_POLL_S[1])
 
     def report(self, rank: int) -> RankReport:
         run = self.runs[rank]

@@ -27,12 +27,11 @@ from launcher.streams.jobdir import (
     ACTIVE,
     STOP_MARK,
     JobDir,
-    find_job,
     open_private,
     process_start,
-    running_jobs,
     write_json,
 )
+from launcher.streams.joblist import find_job, running_jobs
 
 LAUNCH_FILE = "launch.json"  # the background launcher's config; it removes the file once read
 DETACH_WAIT_S = 60.0  # how long --detach waits for the job to start (or fail) before returning

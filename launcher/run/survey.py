@@ -34,8 +34,8 @@ from launcher.transport.local import (
 )
 
 if TYPE_CHECKING:
+    from launcher.transport.remotecalls import HostReport
     from launcher.transport.slurm import Allocation
-    from launcher.transport.ssh import HostReport
 
 
 GPU_BUSY_UTILIZATION = 5  # percent
@@ -189,7 +189,7 @@ class Survey:
 
 
 def ssh_settings(ssh: SshConfig) -> Any:
-    from launcher.transport.ssh import SshSettings
+    from launcher.transport.sshconfig import SshSettings
 
     return SshSettings(
         config_file=ssh.config_file,
@@ -210,7 +210,7 @@ def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], work
     settings: Any = None
     ssh_config: Any = None
     if remote_hosts and not through_slurm:
-        from launcher.transport.ssh import load_ssh_config, resolve_target
+        from launcher.transport.sshconfig import load_ssh_config, resolve_target
 
         settings = ssh_settings(config.ssh)
         ssh_config = load_ssh_config(settings)
@@ -301,7 +301,7 @@ def probe_remote_hosts(
     """Start every remote host's agent and check its probe (directory, program, ports, GPUs,
     NIC), in parallel."""
     from launcher.remote.probe import interface_towards
-    from launcher.transport.ssh import HostAgent
+    from launcher.transport.agentlink import HostAgent
 
     for name, connection in survey.connections.items():
         facts.addresses[name] = connection.peer_address
@@ -447,7 +447,9 @@ def check_hosts(
             if is_local_address(host.name):
                 report = probe.probe({"ports": 1, "versions": True})
                 return summarize_host(host.name, report, None, 0.0)
-            from launcher.transport.ssh import connect, load_ssh_config, probe_host
+            from launcher.transport.remotecalls import probe_host
+            from launcher.transport.ssh import connect
+            from launcher.transport.sshconfig import load_ssh_config
 
             settings = ssh_settings(ssh)
             connection = connect(host, settings, load_ssh_config(settings))

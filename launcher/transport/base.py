@@ -1,17 +1,26 @@
-"""The one transport protocol (DESIGN.md rule 2): local and SSH fill it in."""
+"""The one transport protocol (DESIGN.md rule 2): local and SSH fill it in.
+
+``Process`` is what every started rank does; ``AttachableProcess`` and
+``LateStartingProcess`` are what some also do, checked with ``isinstance``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import Any, Protocol, TypeVar
+import threading
+from typing import Any, Protocol, runtime_checkable
 
 from launcher.core.command import LaunchSpec
 from launcher.core.outcome import Stream
 
-__all__ = ["Process", "RankFeed", "RoutedTransport", "Stream", "Transport"]
-
-K = TypeVar("K", bound=Hashable)
-T = TypeVar("T")
+__all__ = [
+    "AttachableProcess",
+    "LateStartingProcess",
+    "Process",
+    "RankFeed",
+    "RoutedTransport",
+    "Stream",
+    "Transport",
+]
 
 
 class RankFeed(Protocol):
@@ -72,6 +81,28 @@ class Process(Protocol):
         """Block until nothing of the rank runs (its watchdog ended what the program left
         and exited), at most ``timeout`` seconds; True when gone."""
         ...
+
+
+# What a Process may also do, found with isinstance: only the one member each (an isinstance
+# check of a protocol reads every member, and a local rank's ``pid`` waits for its agent).
+
+
+@runtime_checkable
+class AttachableProcess(Protocol):
+    """A process whose transport reads its output and its exit on its own threads and hands
+    them on (local ranks, agents' ranks), instead of a reader per stream and a waiter."""
+
+    def attach(self, feed: RankFeed) -> None:
+        """From now on, output and the exit go to ``feed`` (what came before first)."""
+        ...
+
+
+@runtime_checkable
+class LateStartingProcess(Protocol):
+    """A process whose start is known later than ``Transport.start`` returns (a remote rank:
+    its agent says its pid)."""
+
+    started: threading.Event  # set once its pid is known, or once it ended without one
 
 
 class Transport(Protocol):

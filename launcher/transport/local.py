@@ -173,22 +173,6 @@ class LocalProcess:
             signal_group(self.pid, signal.SIGKILL)  # the watchdog leads the group
 
 
-def local_mpi_stacks(job_id: str) -> dict[str, Any]:
-    """The Python stacks of an ``--mpi`` job's ranks on this machine (rank as text -> dump)."""
-    from launcher.remote import agent
-
-    found: dict[str, Any] = agent.dump_mpi_stacks(job_id, local_py_spy())
-    return found
-
-
-def kill_local_mpi_leftovers(job_id: str) -> list[int]:
-    """SIGKILL what mpirun left of an ``--mpi`` job on this machine; the pids killed."""
-    from launcher.remote import agent
-
-    killed: list[int] = agent.kill_job_processes(job_id)["killed"]
-    return killed
-
-
 def local_py_spy() -> str | None:
     """py-spy here: beside dtrain's interpreter (a dependency), else on PATH."""
     from launcher.remote import agent

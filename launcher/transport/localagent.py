@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 
 from launcher import remote
+from launcher.base.pids import process_alive
 
 WATCHDOG = remote.path("watchdog")
 # Imported, not run as a script: its bytecode is cached (a script is compiled at every start).
@@ -27,15 +28,6 @@ SERVE = f"import sys; sys.path[:0] = [{str(WATCHDOG.parent)!r}]; import watchdog
 LOST_POLL_S = 0.05  # without the local agent, how often to look for a watchdog's end
 AGENT_EXIT_S = 5.0  # the local agent exits at once when its socket closes; at most this
 JOB_ID = "DTRAIN_JOB_ID"
-
-
-def process_alive(pid: int) -> bool:
-    """``pid`` runs (a zombie does not: no one may be left to reap it in a container)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 class Spawned:

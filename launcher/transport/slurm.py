@@ -99,7 +99,8 @@ def node_addresses(names: Sequence[str], environ: Mapping[str, str]) -> dict[str
 
 
 class SrunChannel:
-    """srun's stdin/stdout/stderr with the methods of a paramiko channel HostAgent uses."""
+    """srun's stdin/stdout/stderr as an ``agentlink.AgentChannel``: the methods of a paramiko
+    channel that ``HostAgent`` uses."""
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdin and process.stdout and process.stderr
@@ -165,7 +166,8 @@ class SrunChannel:
 
 @dataclass
 class SrunConnection:
-    """A node of the allocation, reached through srun (what SshConnection is for SSH)."""
+    """A node of the allocation, reached through srun (what SshConnection is for SSH): an
+    ``agentlink.HostLink``."""
 
     host: Host
     environ: Mapping[str, str]

@@ -17,8 +17,8 @@ from launcher.core.sweep import (
     rows_as_json,
     sort_rows,
 )
-from launcher.streams.jobdir import LogLine
-from launcher.view.console import format_table, shell_join
+from launcher.streams.joblogs import LogLine
+from launcher.view.tables import format_table, shell_join
 
 REFRESH_S = 0.5  # the live table is redrawn at most this often
 LIVE_METRICS = 4  # metrics shown in the live table (the results table has all)

@@ -7,8 +7,14 @@ refreshes, over the time between them on that host's clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from launcher.base.errors import UsageError
+
+Sample = Mapping[int, Mapping[str, Any]]  # rank -> its figures, as the launcher gathered them
+REFRESH_S = 1.0
 
 
 def rows_between(
@@ -79,6 +85,41 @@ def top_table(job_id: str, rows: list[dict[str, Any]]) -> Any:
             row.get("error") or row["last_line"],
         )
     return table
+
+
+def format_top(job_id: str, rows: list[dict[str, Any]]) -> list[str]:
+    """The table as plain lines (``--once``)."""
+    from rich.console import Console
+
+    console = Console()
+    with console.capture() as captured:
+        console.print(top_table(job_id, rows))
+    return [line.rstrip() for line in captured.get().splitlines()]  # (rich pads each row)
+
+
+def watch_top(
+    job_id: str,
+    before: Sample,
+    sample: Callable[[], Sample],
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """The table, refreshed every second until the job ends (True: its last figures stay) or
+    Ctrl-C (False: how one leaves a live view, as top's q).  ``sample`` raises UsageError
+    once the job's launcher is gone."""
+    from rich.live import Live
+
+    try:
+        with Live(auto_refresh=False) as live:
+            while True:
+                sleep(REFRESH_S)
+                try:
+                    after = sample()
+                except UsageError:  # the job ended
+                    return True
+                live.update(top_table(job_id, rows_between(before, after)), refresh=True)
+                before = after
+    except KeyboardInterrupt:
+        return False
 
 
 def shown(value: object) -> str:

@@ -1,0 +1,449 @@
+"""One attempt of a job: plan -> survey -> specs -> supervisor -> result.
+
+An ``Attempt`` plans the ranks, surveys the hosts (connect, probe ports, GPUs,
+addresses), binds GPUs and CPUs, builds every rank's spec (pure,
+``specs.build_job_specs``), then either describes it (``--dry-run``) or runs it
+under the supervisor with the job directory recording everything and the terminal
+(``Frontend``) showing it.  The restart loop (``run/restarts.py``) makes the next
+attempt from this one with ``dataclasses.replace``; ``--mpi`` runs one mpirun
+instead of the ranks (``run/mpi.py``), through the ``RankLauncher`` hooks here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from launcher.base.clock import Clock, SystemClock
+from launcher.base.errors import LauncherError, PlanError
+from launcher.base.log import LOG
+from launcher.core.command import LaunchSpec, describe_specs
+from launcher.core.config import JobConfig
+from launcher.core.outcome import JobResult, OutputSink
+from launcher.core.plan import Plan, bind_cpus
+from launcher.core.policy import AttemptEnd, decide_restart
+from launcher.core.specs import build_job_specs
+from launcher.loop.supervisor import Supervisor, TimeLimits, caught_signals
+from launcher.run.discovery import watch_discovery
+from launcher.run.inspection import open_control, report_hang
+from launcher.run.planning import (
+    MPI4PY_WARNING,
+    bind_job_gpus,
+    builtin_server,
+    describe_bindings,
+    describe_plan,
+    names_mpi4py,
+    plan_job,
+)
+from launcher.run.survey import Survey, check_local_program
+from launcher.streams.jobdir import STOP_MARK, JobDir, open_private, write_json
+from launcher.streams.joblist import jobs_root
+from launcher.streams.outlets import Fanout, Outlet
+from launcher.streams.recorder import JobRecorder, end_record, record_attempt
+from launcher.transport.base import Transport
+
+VIEW_PATIENCE_S = 2.0  # after Ctrl-C/SIGTERM, how long the view may take to show what is left
+SURVEY_POLL_S = 0.05  # a restart's survey: how often a signal to dtrain is looked for
+
+
+class Frontend(Protocol):
+    """The terminal, as the edge gives it to the job (the job layer never prints)."""
+
+    def open_view(
+        self, job_id: str, plan: Plan, remote: bool = False, attempt: int = 0
+    ) -> tuple[OutputSink, AbstractContextManager[Any]]:
+        """The sink for this job's output and states, and the context that shows it;
+        ``remote``: some rank runs on another machine (tags name the host)."""
+        ...
+
+    def notice(self, text: str) -> None:
+        """A line for the user (a warning, say)."""
+        ...
+
+
+SurveyHosts = Callable[[Plan, JobConfig, Mapping[str, str], str], Survey]
+# The survey whose agents to use (None: every rank on this machine), the config, the environment.
+OpenTransport = Callable[[Survey | None, JobConfig, Mapping[str, str]], Transport]
+StackDumps = dict[int, tuple[str, dict[str, Any]]]  # rank -> (host, its stacks or an error)
+
+
+class RankLauncher(Protocol):
+    """One process that starts every rank itself (``--mpi``: mpirun), as the attempt sees it:
+    its output and its result turned back into the ranks'."""
+
+    def split_outputs(self, journal: OutputSink, view: OutputSink) -> tuple[OutputSink, OutputSink]:
+        """The job directory's and the terminal's sinks, behind ones that split the
+        launcher's output by rank."""
+        ...
+
+    def rank_result(self, result: JobResult) -> JobResult:
+        """The launcher's result as the ranks': which rank failed first, how."""
+        ...
+
+    def dump_stacks(self, timeout_s: float) -> StackDumps:
+        """The ranks' stacks, found where the launcher started them."""
+        ...
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """``--dry-run``: what would run, and nothing started."""
+
+    entries: list[dict[str, object]]  # one per rank (describe_specs)
+    mpirun: list[str] | None = None  # --mpi: mpirun's command line...
+    hostfile: str | None = None  # ...its hostfile...
+    mpirun_env: Mapping[str, str] = field(default_factory=dict)  # ...and what it forwards
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: JobResult
+    master_port: int | None = None  # the attempt's rendezvous port (a restart takes another)
+    failed_hosts: frozenset[str] = frozenset()  # remote hosts to leave out of a restart
+
+    @property
+    def lost_hosts(self) -> frozenset[str]:
+        """The failed hosts that were lost (cut off, agent silent): ranks may still run there."""
+        return self.result.lost_hosts & self.failed_hosts
+
+
+JobOutcome = DryRun | Finished
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a job: plan -> survey -> bind GPUs -> specs -> dry run or supervise."""
+
+    config: JobConfig
+    environ: Mapping[str, str]
+    frontend: Frontend
+    job_id: str
+    extra: Mapping[str, str]  # resolved -x and --env-file
+    workdir: str
+    output_dir: Path | None
+    survey: SurveyHosts
+    transports: OpenTransport
+    clock: Clock = field(default_factory=SystemClock)  # every wait and "now" of the job
+    checkpoint_dir: str | None = None  # DTRAIN_CHECKPOINT_DIR
+    number: int = 0  # 0: the first attempt; n: the n-th restart
+    avoid_ports: frozenset[int] = frozenset()  # rendezvous ports of the attempts before
+    excluded: frozenset[str] = frozenset()  # hosts that failed in the attempts before
+    world_size: int | None = None  # a restart's size when it may not change (not elastic)
+    cancelled: threading.Event | None = None  # set: a signal came while a restart was surveyed
+    spent_s: float = 0.0  # the attempts before took this long (--timeout is for the whole job)
+    charged: int = 0  # restarts after failures so far (what --max-restarts counts)
+
+    def survey_hosts(self, plan: Plan) -> Survey:
+        """The survey; in a restart, given up at once when a signal comes (connecting to a
+        host that stopped answering may take --ssh-timeout): what it opened later closes
+        when dtrain exits, and the hosts' agents go with their connections."""
+        if self.cancelled is None:
+            return self.survey(plan, self.config, self.environ, self.workdir)
+        done, found = threading.Event(), list[Survey | BaseException]()
+
+        def work() -> None:
+            try:
+                found.append(self.survey(plan, self.config, self.environ, self.workdir))
+            except BaseException as exc:  # raised again in the attempt's thread
+                found.append(exc)
+            done.set()
+
+        threading.Thread(target=work, name="dtrain-survey", daemon=True).start()
+        while not self.clock.wait(done, SURVEY_POLL_S):
+            self.check_cancelled()
+        if isinstance(found[0], BaseException):
+            raise found[0]
+        return found[0]
+
+    def check_cancelled(self) -> None:
+        if self.cancelled is not None and self.cancelled.is_set():
+            raise LauncherError("dtrain was signalled while the restart was being prepared")
+
+    def run(self) -> JobOutcome:
+        plan = plan_job(self.config, self.environ, excluded=self.excluded)
+        LOG.debug("job %s: plan %s", self.job_id, describe_plan(plan))
+        if self.world_size is not None and plan.world_size != self.world_size:
+            raise PlanError(
+                f"{plan.world_size} rank(s) fit on the hosts left "
+                f"({', '.join(h.name for h in plan.hosts)}), not {self.world_size}",
+                "allow a smaller job with --min-np",
+            )
+        surveyed = self.survey_hosts(plan)
+        try:
+            return self.run_surveyed(plan, surveyed)
+        finally:
+            surveyed.close()
+
+    def run_surveyed(self, plan: Plan, surveyed: Survey) -> JobOutcome:
+        """The attempt once the hosts are known: bind, build the specs, run (or describe)."""
+        config = self.config
+        if surveyed.site.remote_hosts and isinstance(config.placement.nproc_per_node, str):
+            plan = plan_job(config, self.environ, surveyed.site, self.excluded)  # counted
+            LOG.debug("plan by the hosts' GPUs and cores: %s", describe_plan(plan))
+        self.check_cancelled()
+        plan = bind_job_gpus(plan, surveyed, config)
+        plan = bind_cpus(plan, surveyed.site.cpus, config.placement.bind_to)
+        if config.placement.report_bindings:
+            for line in describe_bindings(plan):
+                self.frontend.notice(line)
+        if not config.dry_run:
+            program = () if config.module else config.command  # a module: Python finds it
+            check_local_program(plan, surveyed.site, program, self.workdir, self.environ)
+        specs = build_job_specs(
+            plan,
+            surveyed.site,
+            config,
+            job_id=self.job_id,
+            extra=self.extra,
+            environ=self.environ,
+            cwd=self.workdir,
+            server=builtin_server(config),
+            attempt=self.number,
+            avoid_ports=self.avoid_ports,
+            checkpoint_dir=self.checkpoint_dir,
+        )
+        if config.mpi is not None:
+            from launcher.run.mpi import run_mpi  # loaded when needed: most jobs are not MPI
+
+            return run_mpi(self, plan, surveyed, specs)
+        if names_mpi4py(config.command, self.workdir):
+            self.frontend.notice(MPI4PY_WARNING)
+        if config.dry_run:
+            return DryRun(describe_specs(specs))
+        transport = self.transports(surveyed, config, self.environ)
+        # A standing cluster's chief is the user's coordinator: not started here.
+        started = [s for s in specs if not (config.standing_cluster and s.role == "chief")]
+        port = int(specs[0].env["MASTER_PORT"])
+        remote = bool(surveyed.site.remote_hosts)
+        result = self.supervise(plan, specs, started, transport, remote=remote)
+        failed = result.failed_hosts & surveyed.site.remote_hosts  # never this machine
+        return Finished(result, port, failed)
+
+    def supervise(
+        self,
+        plan: Plan,
+        specs: Sequence[LaunchSpec],
+        started: Sequence[LaunchSpec],
+        transport: Transport,
+        remote: bool = False,
+        launcher: RankLauncher | None = None,
+    ) -> JobResult:
+        """Run ``started`` under the supervisor; the job directory records, the view shows
+        (``launcher``: under --mpi, the one process that starts the ranks)."""
+        config = self.config
+        job = self.open_job_dir(plan)
+        recorder = JobRecorder(job)
+        recorder.write_plan(describe_specs(specs, hidden=self.extra.keys()))
+        recorder.write_status("running", None)
+        if config.several_attempts:
+            hosts = [h.name for h in plan.hosts]
+            began = {"started": self.clock.wall(), "world_size": plan.world_size, "hosts": hosts}
+            record_attempt(job, self.number, began)
+        if config.standing_cluster:
+            self.announce_cluster(job, specs)
+        view, showing = self.frontend.open_view(
+            self.job_id, plan, remote=remote, attempt=self.number
+        )
+        journal: OutputSink = recorder
+        if launcher is not None:  # its lines, split back per rank for each sink
+            journal, view = launcher.split_outputs(recorder, view)
+        view_outlet = Outlet(
+            view,
+            name="terminal view",
+            lossy=config.view.lossy,
+            patience_s=VIEW_PATIENCE_S,
+            on_drop=self.report_drops,
+        )
+        output = Fanout([Outlet(journal, name="job directory"), view_outlet])
+        supervisor = self.make_supervisor(job, plan, started, transport, output, launcher)
+        showing.__enter__()
+        result: JobResult | None = None
+        control = open_control(job, supervisor)
+        watching = watch_discovery(supervisor, plan, config.placement, self.excluded, self.clock)
+        try:
+            result = supervisor.run()
+            if launcher is not None:
+                result = launcher.rank_result(result)
+        except BaseException:
+            recorder.finish_error()  # the record says how it ended, whatever happened
+            output.give_up_views()
+            raise
+        finally:
+            watching.set()
+            if control is not None:
+                control.close()
+            self.end_attempt(job, recorder, result, output, showing, supervisor)
+        if view_outlet.failed:
+            self.frontend.notice(
+                f"dtrain: warning: the terminal view failed ({view_outlet.error!r}); the job "
+                f"went on without it: dtrain logs {self.job_id} shows every line"
+            )
+        return result
+
+    def make_supervisor(
+        self,
+        job: JobDir,
+        plan: Plan,
+        started: Sequence[LaunchSpec],
+        transport: Transport,
+        output: Fanout,
+        launcher: RankLauncher | None,
+    ) -> Supervisor:
+        config = self.config
+        tf_ps = config.tf_ps and launcher is None
+        return Supervisor(
+            started,
+            transport,
+            output,
+            grace_s=config.grace_s,
+            clock=self.clock,
+            output_dir=self.output_dir,
+            roles={s.rank: s.role for s in started} if tf_ps else None,
+            worker_restarts=config.ps.restart_workers if config.ps is not None else 0,
+            limits=TimeLimits(
+                hang_s=config.hang_timeout_s,
+                fail_on_hang=config.on_hang == "fail",
+                start_s=config.start_timeout_s,
+                total_s=(
+                    None
+                    if config.time_limit_s is None
+                    else max(0.0, config.time_limit_s - self.spent_s)
+                ),
+                timeout_s=config.time_limit_s,
+                on_hang=lambda dumps: self.report_hang(job, dumps, plan.world_size),
+            ),
+            on_stopping=self.frontend.notice,
+            append_output=self.number > 0,
+            stacks=launcher.dump_stacks if launcher is not None else None,
+        )
+
+    def record_end(self, outcome: JobOutcome) -> None:
+        """The job ends with this attempt after all (a restart that could not be): its state
+        in the job directory goes from restarting to how the attempt ended."""
+        if isinstance(outcome, Finished):
+            job = JobDir(jobs_root(self.config.job_dir, self.environ) / self.job_id)
+            end_record(job, outcome.result.exit_code)
+
+    def end_attempt(
+        self,
+        job: JobDir,
+        recorder: JobRecorder,
+        result: JobResult | None,
+        output: Fanout,
+        showing: AbstractContextManager[Any],
+        supervisor: Supervisor,
+    ) -> None:
+        """The record first (a terminal that does not read must not leave it "running"),
+        then the view; a signal in between is caught and cuts the view's wait short."""
+        late = threading.Event()
+        with caught_signals(lambda signum: late.set(), enabled=True):
+            if result is not None:
+                stopped = (job.path / STOP_MARK).exists()
+                recorder.finish(result, stopped, restarting=self.restarts_after(result))
+                if self.config.several_attempts:
+                    record_attempt(job, self.number, attempt_record(result, self.clock.wall()))
+            self.finish_view(output, showing, supervisor.stop_requested, late)
+
+    def restarts_after(self, result: JobResult) -> bool:
+        """Will the job start again after this result (--max-restarts)?"""
+        end = attempt_end(result)
+        return decide_restart(end, self.charged, self.config.max_restarts, 0.0) is not None
+
+    def finish_view(
+        self,
+        output: Fanout,
+        showing: AbstractContextManager[Any],
+        interrupted: bool,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Let the terminal show what is left: as long as it takes, unless dtrain is signalled
+        (before, ``stop`` already set, or now), when a view that does not keep up is left
+        behind."""
+        stop = stop or threading.Event()
+        with caught_signals(lambda signum: stop.set(), enabled=True):
+            done = output.finish_views(interrupted or stop.is_set(), stop)
+        if done:  # a view still stuck on a paused terminal would hang here: left behind
+            try:
+                showing.__exit__(None, None, None)
+            except (OSError, ValueError):
+                pass  # the terminal is gone (closed window, hung-up session)
+
+    def announce_cluster(self, job: JobDir, specs: Sequence[LaunchSpec]) -> None:
+        """Tell how a coordinator on this machine joins the standing cluster (and keep it in
+        the job directory, for a detached job)."""
+        tf_config = next(s.env["TF_CONFIG"] for s in specs if s.role == "chief")
+        export = f"export TF_CONFIG='{tf_config}' GRPC_FAIL_FAST=use_caller"
+        write_json(job.path / "tf_config.json", json.loads(tf_config))
+        with open_private(job.path / "coordinator.sh", "wb") as f:
+            f.write(f"{export}\n".encode())
+        cluster = json.dumps(json.loads(tf_config)["cluster"], separators=(",", ":"))
+        for line in (
+            f"dtrain: TensorFlow cluster: {cluster}",
+            "dtrain: run your coordinator (ParameterServerStrategy) on this machine with:",
+            f"    {export}",
+            f"dtrain: (also in {job.path / 'coordinator.sh'}); the cluster serves until "
+            f"Ctrl-C or dtrain stop {self.job_id}",
+        ):
+            self.frontend.notice(line)
+
+    def report_hang(self, job: JobDir, dumps: StackDumps, world: int) -> str:
+        """A hang: every rank's stack shown and kept; where the ranks were, for the summary."""
+        silent_s = self.config.hang_timeout_s or 0.0
+        return report_hang(job, dumps, world, silent_s, self.frontend.notice, self.clock.wall())
+
+    def report_drops(self, count: int) -> None:
+        self.frontend.notice(
+            f"dtrain: the terminal fell behind: {count} line(s) not shown "
+            f"(--lossy-view; dtrain logs {self.job_id} has every line)"
+        )
+
+    def open_job_dir(self, plan: Plan) -> JobDir:
+        root = jobs_root(self.config.job_dir, self.environ)
+        meta = {
+            "id": self.job_id,
+            "command": list(self.config.command),
+            "cwd": self.workdir,
+            "hosts": [h.name for h in plan.hosts],
+            "world_size": plan.world_size,
+            "grace_s": self.config.grace_s,
+            "mpi": self.config.mpi is not None,
+            "launcher_pid": os.getpid(),
+        }
+        if (root / self.job_id).is_dir():  # made by --detach before this launcher started
+            write_json(root / self.job_id / "meta.json", meta)
+            return JobDir(root / self.job_id)
+        return JobDir.create(root, self.job_id, meta)
+
+
+def attempt_end(result: JobResult, out_of_time: bool = False) -> AttemptEnd:
+    return AttemptEnd(
+        result.exit_code,
+        interrupted=result.interrupt is not None,
+        failed_rank=result.failure.rank if result.failure else None,
+        out_of_time=out_of_time,
+        hosts_changed=result.rescale is not None and result.failure is None,
+    )
+
+
+def attempt_record(result: JobResult, ended: float) -> dict[str, object]:
+    """How an attempt ended (at ``ended``, seconds since the epoch), for attempts.json."""
+    failure = result.failure
+    return {
+        "ended": ended,
+        "exit_code": result.exit_code,
+        "failure": None
+        if failure is None
+        else {
+            "rank": failure.rank,
+            "host": failure.host,
+            "status": failure.status,
+            "cause": failure.cause,
+        },
+        "failed_hosts": sorted(result.failed_hosts),
+    }

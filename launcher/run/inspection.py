@@ -1,0 +1,89 @@
+"""Looking into a running attempt's ranks: the report of a hang and the control socket.
+
+On ``--hang-timeout`` the supervisor takes every rank's Python stack; ``report_hang``
+shows them grouped to the terminal, keeps them in the job directory (``stacks.txt``)
+and says in one line where the ranks were, for the failure summary.  ``open_control``
+answers ``dtrain stacks`` and ``dtrain top`` from another terminal while the job runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.base.log import LOG
+from launcher.core.config import rank_set
+from launcher.loop.supervisor import Supervisor
+from launcher.streams.control import SOCKET_NAME, ControlServer
+from launcher.streams.jobdir import JobDir, open_private
+
+if TYPE_CHECKING:  # loaded when needed: a plain job never takes a stack
+    from launcher.core.stacks import StackGroup
+
+STACKS_TIMEOUT_S = 25.0  # dtrain stacks: how long taking every rank's stack may take
+STATS_TIMEOUT_S = 5.0  # dtrain top: how long asking every rank's figures may take
+
+
+def report_hang(
+    job: JobDir,
+    dumps: Mapping[int, tuple[str, Mapping[str, Any]]],
+    world: int,
+    silent_s: float,
+    notice: Callable[[str], None],
+    wall: float,
+) -> str:
+    """A hang (no output for ``silent_s``, at ``wall``): every rank's stack to the terminal
+    (``notice``) and to the job directory; returns where the ranks were, for the summary."""
+    from launcher.core.stacks import format_stacks, group_stacks
+
+    groups = group_stacks(dumps)
+    text = format_stacks(groups, world)
+    path = job.path / "stacks.txt"
+    try:
+        with open_private(path, "ab") as f:
+            f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(wall))}\n".encode())
+            f.write(("\n".join(text) + "\n").encode())
+    except OSError:
+        pass  # a full disk: the terminal still shows them
+    notice(f"dtrain: no output from any rank for {silent_s:g} s; their stacks:")
+    for line in text:
+        notice("    " + line if line else "")
+    notice(f"dtrain: (also in {path})")
+    return ": " + stuck_where(groups) if groups else ""
+
+
+def stuck_where(groups: Sequence[StackGroup]) -> str:
+    """``ranks 0-6 in all_reduce (train.py:9), rank 7 in load (data.py:4)``."""
+    parts = []
+    for group in groups:
+        who = (
+            f"rank {group.ranks[0]}" if len(group.ranks) == 1 else f"ranks {rank_set(group.ranks)}"
+        )
+        if group.frames:
+            name, path, line = group.frames[0]
+            parts.append(f"{who} in {name} ({Path(path).name}:{line})")
+        else:
+            parts.append(f"{who}: {group.error or 'no stack'}")
+    return ", ".join(parts)
+
+
+def open_control(job: JobDir, supervisor: Supervisor) -> ControlServer | None:
+    """Let ``dtrain stacks`` and ``dtrain top`` ask this job (a job directory where no socket
+    fits goes without)."""
+
+    def answer(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        if request.get("op") == "stacks":
+            dumps = supervisor.dump_stacks(STACKS_TIMEOUT_S)
+            return {"stacks": {str(rank): [host, dump] for rank, (host, dump) in dumps.items()}}
+        if request.get("op") == "stats":
+            rows = supervisor.stats(STATS_TIMEOUT_S)
+            return {"ranks": {str(rank): row for rank, row in rows.items()}}
+        return {"error": f"unknown request {request.get('op')!r}"}
+
+    try:
+        return ControlServer(job.path / SOCKET_NAME, answer)
+    except OSError as exc:  # e.g. a path longer than a Unix socket's 107 bytes
+        LOG.debug("no control socket in %s: %s", job.path, exc)
+        return None

@@ -1,0 +1,226 @@
+"""The job's records, written while it runs: rank logs, status, attempts, result (streams layer).
+
+``JobRecorder`` is the sink that keeps every rank's output in the job directory, whatever
+the terminal shows.  Lines that a program ends with a bare ``\\r`` (progress-bar updates)
+are kept in their final state only: the update that a newline closes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any, BinaryIO
+
+from launcher.core.command import LaunchSpec
+from launcher.core.outcome import JobResult, RankReport, RankState, Stream
+from launcher.streams.jobdir import (
+    RUNNING,
+    JobDir,
+    attempts_of,
+    open_private,
+    process_start,
+    write_json,
+    write_text,
+)
+
+STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
+STATUS_EVERY_S = 0.25  # while a job runs, status.json is rewritten at most this often
+MAX_OPEN_LOGS = 256  # rank logs kept open (append mode: one closed and reopened loses nothing)
+
+
+class JobRecorder:
+    """The sink that keeps everything in the job directory (all ranks, whatever is shown).
+
+    Rank states reach ``status.json`` at most every ``status_every_s`` (a burst of starts
+    or exits is one write, made when the interval is over); the job's end is written at once.
+    """
+
+    def __init__(
+        self,
+        job: JobDir,
+        clock: Callable[[], float] = time.time,
+        status_every_s: float = STATUS_EVERY_S,
+    ) -> None:
+        self.job = job
+        self.clock = clock
+        self.status_every_s = status_every_s
+        self.status_lock = threading.Lock()  # the writer thread, a pending write, the end
+        self.status_written = -math.inf  # when status.json was last written (monotonic)
+        self.pending: threading.Timer | None = None  # the write that ends a burst
+        self.ended = False  # the job's end is recorded: nothing may overwrite it
+        self.files_closed = False  # the job ended: a late line opens its file for itself
+        self.files: dict[str, BinaryIO] = {}
+        self.failed = False
+        self.ranks: dict[int, str] = {}  # each rank's state, as status.json shows it (JSON)
+        self.launcher_pid = os.getpid()
+        self.launcher_start = process_start(self.launcher_pid)
+        # A restart's recorder keeps the job's start: `dtrain jobs` times all its attempts.
+        earlier = job.status().get("started") if (job.path / "status.json").exists() else None
+        self.started = float(earlier) if isinstance(earlier, int | float) else clock()
+        self.result: dict[str, Any] | None = None  # how it ended, for dtrain logs' summary
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        if self.failed:
+            return
+        key = spec.label or str(spec.rank)  # mpirun's own lines go to mpirun.log
+        prefix = b"%.6f %s " % (self.clock(), STREAM_CODES[stream])
+        if b"\r" in b"".join(lines):
+            lines = [line for line in lines if not line.endswith(b"\r")]
+        if not lines:
+            return
+        try:
+            file = None if self.files_closed else self.files.pop(key, None)
+            if file is None:
+                name = f"{spec.label}.log" if spec.label else self.job.log_path(spec.rank).name
+                file = open_private(self.job.path / name)
+                if len(self.files) >= MAX_OPEN_LOGS:  # thousands of ranks: not one fd each
+                    self.files.pop(next(iter(self.files))).close()  # the least recently used
+            if not self.files_closed:
+                self.files[key] = file  # (last: the most recently used)
+            # One C-level join per batch: this runs for every line of every rank.
+            file.write(prefix + (b"\n" + prefix).join(lines) + b"\n")
+            file.flush()
+            if self.files_closed:  # a line after the job's end (its reader had waited)
+                file.close()
+        except OSError:
+            # A full disk must not kill the training: the job goes on without its log.
+            self.failed = True
+
+    def update(self, state: RankState) -> None:
+        encoded = json.dumps(vars(state))  # a flat record: each state encoded once, not per write
+        with self.status_lock:
+            self.ranks[state.rank] = encoded
+            wait_s = self.status_written + self.status_every_s - time.monotonic()
+            if wait_s > 0:
+                if self.pending is None:
+                    self.pending = threading.Timer(wait_s, self.write_pending)
+                    self.pending.daemon = True
+                    self.pending.start()
+                return
+        self.write_pending()
+
+    def write_pending(self) -> None:
+        """Write the rank states now (unless the job's end is written already)."""
+        with self.status_lock:
+            self.pending = None
+            if self.ended:
+                return
+            try:
+                self.write_status(RUNNING, None)
+            except OSError:
+                self.failed = True  # as for the logs: the job goes on
+
+    def write_plan(self, entries: Sequence[Mapping[str, object]]) -> None:
+        write_json(self.job.path / "plan.json", list(entries))
+
+    def write_status(self, state: str, exit_code: int | None) -> None:
+        self.status_written = time.monotonic()
+        head = {
+            "id": self.job.id,
+            "state": state,
+            "exit_code": exit_code,
+            "launcher_pid": self.launcher_pid,
+            "launcher_start": self.launcher_start,
+            "launcher_host": socket.gethostname(),
+            "started": self.started,
+            "updated": self.clock(),
+            **({"result": self.result} if self.result is not None else {}),
+        }
+        ranks = ",\n".join(f'"{r}": {s}' for r, s in sorted(self.ranks.items()))
+        text = json.dumps(head, indent=1)[:-2] + ',\n "ranks": {\n' + ranks + "\n}\n}"
+        write_text(self.job.path / "status.json", text)
+
+    def close_files(self) -> None:
+        self.files_closed = True
+        for file in self.files.values():
+            try:
+                file.close()
+            except OSError:
+                pass
+
+    def end_status(self, state: str, exit_code: int | None) -> None:
+        """The job's end, written at once; no pending write comes after it."""
+        with self.status_lock:
+            self.ended = True
+            if self.pending is not None:
+                self.pending.cancel()
+                self.pending = None
+            try:
+                self.write_status(state, exit_code)
+            except OSError:
+                pass  # a full disk: the job's end is still the launcher's exit code
+
+    def finish_error(self) -> None:
+        """The launcher failed before the job's end was known: the job failed."""
+        self.close_files()
+        self.end_status("failed", 1)
+
+    def finish(self, result: JobResult, stopped: bool, restarting: bool = False) -> None:
+        self.close_files()
+        if restarting:  # another attempt follows: the job is not over
+            state = "restarting"
+        elif result.exit_code == 0:
+            state = "succeeded"
+        elif stopped:
+            state = "stopped"
+        elif result.interrupt is not None and result.failure is None:
+            state = "interrupted"
+        else:
+            state = "failed"
+        self.result = result_record(result)
+        self.end_status(state, result.exit_code)
+
+
+def result_record(result: JobResult) -> dict[str, Any]:
+    """A job's result as JSON values (status.json keeps it for ``dtrain logs``)."""
+    record = asdict(result)
+    record.pop("statuses", None)
+    record["failed_hosts"] = sorted(result.failed_hosts)
+    record["lost_hosts"] = sorted(result.lost_hosts)
+    return record
+
+
+def recorded_result(job: JobDir) -> JobResult | None:
+    """The result a finished job recorded (None: still running, or an older dtrain's)."""
+    record = job.status().get("result")
+    if not isinstance(record, dict):
+        return None
+    failure = record.get("failure")
+    try:
+        return JobResult(
+            **{
+                **record,
+                "failure": RankReport(**{**failure, "last_lines": tuple(failure["last_lines"])})
+                if failure
+                else None,
+                "failed_hosts": frozenset(record.get("failed_hosts", ())),
+                "lost_hosts": frozenset(record.get("lost_hosts", ())),
+            }
+        )
+    except TypeError:
+        return None
+
+
+def end_record(job: JobDir, exit_code: int) -> None:
+    """A job recorded as restarting ends after all, failed with ``exit_code``."""
+    status = job.status()
+    status.update(state="failed" if exit_code else "succeeded", exit_code=exit_code)
+    try:
+        write_json(job.path / "status.json", status)
+    except OSError:
+        pass  # a full disk: the launcher's exit code still says it
+
+
+def record_attempt(job: JobDir, number: int, values: Mapping[str, object]) -> None:
+    """Add to (or start) attempt ``number``'s entry in attempts.json."""
+    entries = attempts_of(job)
+    while len(entries) <= number:
+        entries.append({"attempt": len(entries)})
+    entries[number].update(values)
+    write_json(job.path / "attempts.json", entries)

@@ -1,0 +1,108 @@
+"""How dtrain reaches a host over SSH, before any socket: dtrain's ssh options
+(``SshSettings``) and ``~/.ssh/config`` resolved into an ``SshTarget`` (HostName, Port,
+User, IdentityFile, ProxyJump, known_hosts files), and ProxyJump's host lists."""
+
+from __future__ import annotations
+
+import getpass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from launcher.base.errors import HostConnectionError
+from launcher.core.hosts import Host
+from launcher.transport.sshlib import paramiko
+
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"  # ssh's defaults
+DEFAULT_FANOUT = 32
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How dtrain reaches hosts: the ssh command-line options a user would give."""
+
+    config_file: str | None = None  # None: ~/.ssh/config when it exists
+    port: int | None = None
+    identity: str | None = None
+    timeout_s: float = 10.0
+    accept_new_host_keys: bool = False
+    fanout: int = DEFAULT_FANOUT
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """A host as ssh would reach it, after ~/.ssh/config."""
+
+    alias: str
+    hostname: str
+    port: int
+    user: str
+    identities: tuple[str, ...] = ()
+    proxy_jump: str | None = None
+    proxy_command: str | None = None
+    known_hosts: tuple[str, ...] = ()  # the user's (UserKnownHostsFile): new keys go to the first
+    global_known_hosts: tuple[str, ...] = ()  # the system's (GlobalKnownHostsFile), read only
+    accept_new: bool = False
+
+
+def load_ssh_config(settings: SshSettings) -> paramiko.SSHConfig:
+    path = Path(settings.config_file or "~/.ssh/config").expanduser()
+    if settings.config_file and not path.is_file():
+        raise HostConnectionError(
+            f"--ssh-config {settings.config_file}: no such file", "check the path"
+        )
+    if not path.is_file():
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(str(path))
+    except (OSError, paramiko.SSHException, ValueError) as exc:
+        raise HostConnectionError(
+            f"{path}: cannot read the ssh config: {exc}", "fix the file"
+        ) from None
+
+
+def resolve_target(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> SshTarget:
+    """Apply ~/.ssh/config (HostName, Port, User, IdentityFile, ProxyJump...) to a host."""
+    entry: dict[str, Any] = dict(config.lookup(host.name))
+    identities = [settings.identity] if settings.identity else []
+    identities += [str(Path(p).expanduser()) for p in entry.get("identityfile", [])]
+    known = entry.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2")
+    system = entry.get("globalknownhostsfile", GLOBAL_KNOWN_HOSTS)
+    strict = str(entry.get("stricthostkeychecking", "")).lower()
+    return SshTarget(
+        alias=host.name,
+        hostname=entry.get("hostname", host.name),
+        port=settings.port or config_port(entry.get("port", "22"), host.name),
+        user=host.user or entry.get("user") or getpass.getuser(),
+        identities=tuple(identities),
+        proxy_jump=entry.get("proxyjump"),
+        proxy_command=entry.get("proxycommand"),
+        known_hosts=tuple(str(Path(p).expanduser()) for p in known.split()),
+        global_known_hosts=tuple(system.split()),
+        accept_new=settings.accept_new_host_keys or strict in ("accept-new", "no", "off"),
+    )
+
+
+def config_port(text: str, host: str) -> int:
+    if not str(text).isdigit() or not 0 < int(text) < 65536:
+        raise HostConnectionError(
+            f"{host}: Port {text!r} in the ssh config is not a port number",
+            "fix the Port line of that host in the ssh config",
+        )
+    return int(text)
+
+
+def split_host_port(text: str) -> tuple[str, int | None]:
+    """``host``, ``host:port`` or ``[v6]:port`` as in ssh's ProxyJump."""
+    if text.startswith("["):
+        address, _, rest = text[1:].partition("]")
+        return address, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    name, _, port = text.partition(":")
+    return name, int(port) if port.isdigit() else None
+
+
+def jump_host(text: str, settings: SshSettings) -> tuple[Host, SshSettings]:
+    """``[user@]host[:port]`` of a ProxyJump list."""
+    user, _, address = text.strip().rpartition("@")
+    name, port = split_host_port(address)
+    return Host(name, user=user or None), replace(settings, port=port) if port else settings

@@ -1,0 +1,176 @@
+"""The job's frontend on this process's terminal: the phase line while hosts connect, and
+the view a job's options ask for (``make_view``), with its rank filter."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, TextIO
+
+from launcher.core.command import LaunchSpec
+from launcher.core.config import ViewConfig, parse_ranks
+from launcher.core.outcome import OutputSink, PassesTiming, RankState, Stream
+from launcher.core.plan import Plan
+from launcher.streams.outlets import TimedSink
+from launcher.view.lineviews import (
+    CollapsingView,
+    JsonLinesView,
+    QuietView,
+    default_tag,
+    make_line_view,
+)
+from launcher.view.liveview import LiveView
+
+
+class TerminalFrontend:
+    """The job's ``Frontend`` on this process's terminal: the view its options ask for."""
+
+    def __init__(self, config: ViewConfig, out: TextIO, err: TextIO) -> None:
+        self.config = config
+        self.out = out
+        self.err = err
+
+    def show_phases(self) -> None:
+        """While dtrain connects to hosts and starts their agents, one line on a terminal says
+        which phase it is in and how many hosts are done (it goes when the job's view opens)."""
+        from launcher.base.log import PHASES
+
+        if not (self.err.isatty() and not self.config.as_json and not self.config.quiet):
+            return
+        err = self.err
+
+        def show(text: str) -> None:
+            err.write(f"\r\x1b[2Kdtrain: {text}")
+            err.flush()
+
+        PHASES.sink = show
+
+    def end_phases(self) -> None:
+        from launcher.base.log import PHASES
+
+        if PHASES.sink is not None:
+            PHASES.sink = None
+            self.err.write("\r\x1b[2K")  # the phase line goes
+            self.err.flush()
+
+    def open_view(
+        self, job_id: str, plan: Plan, remote: bool = False, attempt: int = 0
+    ) -> tuple[OutputSink, AbstractContextManager[Any]]:
+        self.end_phases()
+        if not self.config.as_json:
+            again = f", attempt {attempt}" if attempt else ""  # a host change is no restart
+            self.notice(
+                f"dtrain: job {job_id} ({plan.world_size} ranks{again}); logs: dtrain logs {job_id}"
+            )
+        tag = default_tag((r.role for r in plan.ranks), (h.name for h in plan.hosts), remote)
+        view, showing = make_view(
+            self.config,
+            job_id,
+            plan.world_size,
+            tag,
+            self.out,
+            self.err,
+            attempt,
+            local_rank_of={r.rank: r.local_rank for r in plan.ranks},
+        )
+        self.live = showing if isinstance(showing, LiveView) else None
+        return view, showing
+
+    def notice(self, text: str) -> None:
+        live = getattr(self, "live", None)
+        if live is not None and live.live is not None and live.live.is_started:
+            live.console.print(text, highlight=False, markup=False, soft_wrap=True)
+            return  # above the live area, which stays whole
+        self.err.write(text + "\n")
+        self.err.flush()
+
+
+def make_view(
+    config: ViewConfig,
+    job_id: str,
+    world_size: int,
+    default_tag_format: str,
+    out: TextIO,
+    err: TextIO,
+    attempt: int = 0,
+    local_rank_of: Mapping[int, int] | None = None,
+) -> tuple[OutputSink, AbstractContextManager[Any]]:
+    """The view a job's options ask for: quiet, JSON lines, the live view on a colour
+    terminal, or plain tagged lines; collapsed lines of the ranks shown; ``--ranks``
+    filters it (first: a rank not shown is not waited for).  ``local_rank_of``: each rank's
+    local rank (by rank), for ``--local-ranks``.  The context shows it."""
+    tag_format = config.tag_format or default_tag_format
+    line_view = make_line_view(out, err, tag_format, config.color)
+    view: OutputSink
+    showing: AbstractContextManager[Any] = contextlib.nullcontext()
+    if config.quiet:
+        view = QuietView()
+    elif config.as_json:
+        view = JsonLinesView(out)
+    elif line_view.color and not config.plain and out.isatty():
+        live = LiveView(out, line_view, job_id, world_size)
+        live.attempt = attempt  # whole-job restarts so far count in the status line
+        view, showing = live, live
+    else:
+        view = line_view
+    ranks, local = config.rank_set, config.local_ranks
+    local_set = set(parse_ranks(local, "--local-ranks")) if local is not None else None
+    shown = [
+        rank
+        for rank in range(world_size)
+        if (ranks is None or rank in ranks)
+        and (local_set is None or local_rank_of is None or local_rank_of.get(rank) in local_set)
+    ]
+    collapse = config.collapse
+    if collapse is None:  # the default: on a terminal, where copies cost the reader
+        collapse = out.isatty() and not config.as_json
+    if collapse and not config.quiet and len(shown) > 1:
+        # A line counts as every rank's once every rank shown said it (it comes out then).
+        view = CollapsingView(view, len(shown), config.collapse_window_s)
+    if ranks is not None or local_set is not None or config.hide:
+        view = RankFilter(view, set(ranks) if ranks is not None else None, local_set, config.hide)
+    return view, showing
+
+
+class RankFilter(PassesTiming):
+    """``--ranks 0,3``, ``--local-ranks 0``, torchrun's ``--redirects 1|2``: only these ranks
+    (or local ranks), and these streams, reach the terminal.  It comes first, before the
+    collapsing view it may wrap, whose timing (``TimedSink``) it passes on."""
+
+    def __init__(
+        self,
+        view: Any,
+        ranks: set[int] | None = None,
+        local_ranks: set[int] | None = None,
+        hide: Iterable[str] = (),
+    ) -> None:
+        self.view = view
+        self.ranks = ranks
+        self.local_ranks = local_ranks
+        self.hide = set(hide)
+        self.timed = view if isinstance(view, TimedSink) else None
+
+    def is_shown(self, spec: LaunchSpec, stream: Stream) -> bool:
+        if spec.label:  # mpirun's own lines
+            return True
+        if stream in self.hide:
+            return False
+        if self.ranks is not None and spec.rank not in self.ranks:
+            return False
+        return self.local_ranks is None or spec.local_rank in self.local_ranks
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        if self.is_shown(spec, stream):
+            self.view.show(spec, stream, lines)
+
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
+        if not self.is_shown(spec, stream):
+            return
+        if self.timed is not None:
+            self.timed.show_at(spec, stream, lines, at)
+        else:
+            self.view.show(spec, stream, lines)
+
+    def update(self, state: RankState) -> None:
+        self.view.update(state)
