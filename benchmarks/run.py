@@ -27,14 +27,17 @@ sys.path.insert(0, str(HERE))
 import launch_local  # noqa: E402
 import scale_sim  # noqa: E402
 import teardown_memory  # noqa: E402
-from common import CHARTS, DOC, Section, table, write_chart  # noqa: E402
+from common import CHARTS, DOC, REPO, Section, table, write_chart  # noqa: E402
 
 OVERVIEW = "## Overview: every target"
+# Paths relative to the repository (the scripts run there): each quotes its own command line
+# in the document, which must not name this machine's checkout.
+DOC_PATH = str(DOC.relative_to(REPO))
 OLDER = [  # (script, its arguments): each writes its own section of the document
-    ("log_throughput.py", ["--reps", "3", "--write", str(DOC)]),
-    ("launch_ssh.py", ["--write", str(DOC)]),
-    ("ring_allreduce.py", ["--write", str(DOC.parent)]),
-    ("collapse_cost.py", ["--reps", "3", "--write", str(DOC)]),
+    ("log_throughput.py", ["--reps", "3", "--write", DOC_PATH]),
+    ("launch_ssh.py", ["--write", DOC_PATH]),
+    ("ring_allreduce.py", ["--write", str(DOC.parent.relative_to(REPO))]),
+    ("collapse_cost.py", ["--reps", "3", "--write", DOC_PATH]),
 ]
 
 
@@ -90,7 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for script, script_args in OLDER:
             print(f"running {script}", file=sys.stderr)
             subprocess.run(
-                [sys.executable, str(HERE / script), *script_args], check=False, env=os.environ
+                [sys.executable, str(HERE / script), *script_args],
+                check=False,
+                env=os.environ,
+                cwd=REPO,
             )
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
     if OVERVIEW not in text:  # first: after the document's title

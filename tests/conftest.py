@@ -211,13 +211,47 @@ def slurm_cluster(slurm_cluster_session: SlurmCluster) -> Iterator[SlurmCluster]
             raise
 
 
+# Fixtures that need machinery beyond this machine's processes, and the marker a test that
+# uses one gets: the fast lane (./scripts/test --fast) deselects these markers.
+HOST_FIXTURES = {"ssh_hosts", "ssh_hosts_session"}
+CLUSTER_FIXTURES = {"slurm_cluster", "slurm_cluster_session"}
+SLURM_FIXTURES = {*CLUSTER_FIXTURES, "slurm"}  # "slurm": tests/test_slurm.py's one-node Slurm
+NEEDS = {  # marker: what its tests need, said when -m leaves them out
+    "sshhosts": "needing the SSH test hosts (root, sshd, network namespaces)",
+    "slurm": "needing Slurm (root, slurmctld, slurmd, munge; the cluster also the test hosts)",
+    "slow": "slow (real torch, TensorFlow and MPI programs end to end)",
+}
+LEFT_OUT: dict[str, int] = dict.fromkeys(NEEDS, 0)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use the Slurm cluster are marked ``slurm`` (``-m "not slurm"`` skips them), and
-    run last: its slurmds live in the test hosts' namespaces until the session ends, which the
-    tests that tear the hosts down and check that nothing is left must not see."""
-    cluster = {"slurm_cluster", "slurm_cluster_session"}
-    uses = {id(item): bool(cluster & set(getattr(item, "fixturenames", ()))) for item in items}
+    """Tests that use the SSH test hosts are marked ``sshhosts``, those that use Slurm
+    ``slurm`` (``-m "not sshhosts and not slurm"`` leaves them out). Tests that use the Slurm
+    cluster run last: its slurmds live in the test hosts' namespaces until the session ends,
+    which the tests that tear the hosts down and check that nothing is left must not see."""
+    uses = {id(item): set(getattr(item, "fixturenames", ())) for item in items}
     for item in items:
-        if uses[id(item)]:
+        if uses[id(item)] & HOST_FIXTURES:
+            item.add_marker(pytest.mark.sshhosts)
+        if uses[id(item)] & SLURM_FIXTURES:
             item.add_marker(pytest.mark.slurm)
-    items.sort(key=lambda item: uses[id(item)])  # stable: the others keep their order
+    items.sort(key=lambda item: bool(uses[id(item)] & CLUSTER_FIXTURES))  # stable sort
+
+
+def pytest_deselected(items: Sequence[pytest.Item]) -> None:
+    """Counts what ``-m`` left out, by the first marker of NEEDS a test has."""
+    for item in items:
+        marker = next((name for name in NEEDS if item.get_closest_marker(name)), None)
+        if marker:
+            LEFT_OUT[marker] += 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line saying which tests were left out and what they need (the fast lane's)."""
+    parts = [f"{count} {NEEDS[marker]}" for marker, count in LEFT_OUT.items() if count]
+    if parts:
+        total = sum(LEFT_OUT.values())
+        terminalreporter.write_line(
+            f"left out {total} test{'s' * (total != 1)}: {'; '.join(parts)}"
+            " (./scripts/test runs them all)"
+        )

@@ -363,3 +363,14 @@ def test_jobs_lists_exit_codes_durations_and_filters(tmp_path: Path, mark: str) 
         assert [line.split()[1] for line in last[1:]] == ["succeeded", "running"]
     finally:
         assert run_dtrain("stop", running, env=env).returncode == 0
+
+
+def test_a_multi_line_command_is_one_row_of_the_jobs_table() -> None:
+    from launcher.streams.joblist import JobSummary
+    from launcher.view.tables import format_jobs
+
+    program = "import time\nfor i in range(3):\n    print(i)"
+    job = JobSummary("j1", "succeeded", "2", ("localhost",), 10, 1.0, ("python", "-c", program))
+    lines = format_jobs([job])
+    assert len(lines) == 2  # the header and the one row
+    assert lines[1].endswith("python -c import time for i in range(3): print(i)")

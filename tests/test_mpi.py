@@ -207,6 +207,31 @@ def test_a_killed_launchers_hostfile_folder_is_removed_by_the_next() -> None:
         shutil.rmtree(live, ignore_errors=True)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="zombies are read from /proc")
+def test_a_killed_launcher_left_a_zombie_has_its_folder_removed_too(tmp_path: Path) -> None:
+    """The one pid check (base/pids): a launcher that was killed but not reaped has ended."""
+    import subprocess
+    import time
+
+    from launcher.run.mpi import remove_stale_folders
+
+    killed = subprocess.Popen(["true"])  # not reaped until the end: a zombie
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{killed.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+            assert time.monotonic() < deadline, "the child did not end"
+            time.sleep(0.01)
+        stale = tmp_path / f"dtrain-mpi-{killed.pid}-abc123"
+        live = tmp_path / f"dtrain-mpi-{os.getpid()}-def456"
+        for folder in (stale, live):
+            folder.mkdir()
+            (folder / "hostfile").write_text("localhost slots=1\n")
+        remove_stale_folders(tmp_path)
+        assert not stale.exists() and live.exists()
+    finally:
+        killed.wait()
+
+
 @pytest.mark.parametrize(
     ("placed", "real", "map_by", "expected"),
     [
@@ -339,7 +364,7 @@ def test_leftovers_of_a_job_are_killed_and_only_theirs(mark: str) -> None:
 def test_leftovers_on_a_remote_host_are_killed(ssh_hosts: TestHosts, mark: str) -> None:
     import subprocess
 
-    from launcher.transport.mpi import kill_mpi_leftovers
+    from launcher.transport.mpi import kill_remote_mpi_leftovers
     from launcher.transport.ssh import connect
     from launcher.transport.sshconfig import SshSettings, load_ssh_config
 
@@ -350,7 +375,7 @@ def test_leftovers_on_a_remote_host_are_killed(ssh_hosts: TestHosts, mark: str) 
     for name, expected in (("node1", 0), ("node2", 1)):  # node1 does not see node2's
         connection = connect(Host(name), settings, load_ssh_config(settings))
         try:
-            answer = kill_mpi_leftovers(connection, job, 15)
+            answer = kill_remote_mpi_leftovers(connection, job, 15)
         finally:
             connection.close()
         assert len(answer.get("killed", [])) == expected, answer

@@ -1,7 +1,7 @@
 """The one error tree of dtrain (DESIGN.md rule 5).
 
 Every error a user can cause is a ``LauncherError`` carrying a one-line
-message (what and where) and a hint (how to fix).  Only ``cli.py`` prints
+message (what and where) and a hint (how to fix).  Only the edge (``launcher/cli/``) prints
 them; everything below it raises.
 """
 

@@ -1,5 +1,5 @@
 """Job ids (pure; the clock comes in): light, so a local job's agent can start before the
-rest of dtrain is loaded (``cli.start_agent_early``)."""
+rest of dtrain is loaded (``run/early.start_agent_early``)."""
 
 from __future__ import annotations
 

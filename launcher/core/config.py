@@ -1,6 +1,6 @@
 """A job's command line as frozen values, one per concern, validated in one place (pure).
 
-The edge (``cli.py``) turns click's options into a ``JobConfig``;
+The edge (``launcher/cli/``) turns click's options into a ``JobConfig``;
 ``validate_config`` makes every cross-check before anything happens, so the
 job layer can trust what it gets.  A restart, a sweep trial or the
 background half of ``--detach`` copies a config with ``dataclasses.replace``

@@ -1,7 +1,7 @@
 """What a job's run produces, as values (pure): rank states, the failure report, the result.
 
 These types sit below everyone who uses them: the supervisor fills them in,
-the job directory (``jobs.py``) and the view (``console.py``) read them.
+the job directory (``streams/recorder.py``) and the view (``launcher/view/``) read them.
 """
 
 from __future__ import annotations

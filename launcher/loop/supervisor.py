@@ -139,7 +139,8 @@ class Supervisor:
         self.append_output = append_output  # a restart: --output-dir keeps the earlier attempts
         self.began = self.clock.now()
         self.quiet_since: float | None = None  # a hang already reported: silence counts anew
-        self.events: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        # The ranks' messages, and a change of hosts from the discovery script's thread.
+        self.events: queue.SimpleQueue[Message | HostsChanged] = queue.SimpleQueue()
         self.runs: dict[int, RankRun] = {}  # the current run of each rank
         self.retired: list[RankRun] = []  # earlier runs of restarted ranks
         self.open_streams = 0  # of every run, retired ones included
@@ -197,7 +198,7 @@ class Supervisor:
 
     def rescale(self, reason: str) -> None:
         """From any thread: the discovery script's hosts changed; stop this attempt."""
-        self.events.put(HostsChanged(reason))  # type: ignore[arg-type]
+        self.events.put(HostsChanged(reason))
 
     def loop(self, state: JobState) -> JobState:
         deadline: float | None = None  # grace or kill deadline, when stopping
@@ -314,7 +315,7 @@ class Supervisor:
             if event is not None:
                 return event
 
-    def handle(self, message: Message) -> Event | None:
+    def handle(self, message: Message | HostsChanged) -> Event | None:
         """Count closed streams; exits and signals become policy events."""
         if isinstance(message, Signalled):
             LOG.debug("got %s", signal.Signals(message.signum).name)
@@ -357,9 +358,8 @@ class Supervisor:
         (``Fanout.let_views_lag``), so that a paused terminal does not keep what the pipes
         still hold from the job directory, nor lose it.
         """
-        let_lag = getattr(self.output, "let_views_lag", None)
-        if let_lag is not None and not self.running:
-            let_lag()  # the readers are not held back by a paused terminal any more
+        if not self.running:
+            self.output.let_views_lag()  # readers no longer held back by a paused terminal
         end = self.clock.now() + DRAIN_S
         while self.open_streams and self.clock.now() < end:
             message = self.clock.take(self.events, end - self.clock.now())

@@ -26,6 +26,7 @@ from typing import Any
 from launcher.base.errors import UsageError
 from launcher.base.log import LOG
 from launcher.base.parallel import run_parallel
+from launcher.base.pids import process_alive
 from launcher.core.command import LaunchSpec, describe_specs
 from launcher.core.config import JobConfig
 from launcher.core.mpi import (
@@ -128,10 +129,11 @@ def mpi_launch(
 
 
 def remove_stale_folders(temp: Path) -> None:
-    """Remove the hostfile folders of launchers that were killed before they could."""
+    """Remove the hostfile folders of launchers that were killed before they could (a
+    killed launcher left unreaped, a zombie, has ended too)."""
     for folder in temp.glob(f"{FOLDER_PREFIX}*-*"):
         pid = folder.name.removeprefix(FOLDER_PREFIX).split("-")[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists() and folder.is_dir():
+        if pid.isdigit() and not process_alive(int(pid)) and folder.is_dir():
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -214,20 +216,20 @@ class MpiRanks:
             from launcher.transport.mpi import local_mpi_stacks
 
             return local_mpi_stacks(self.job_id)
-        from launcher.transport.mpi import dump_mpi_stacks
+        from launcher.transport.mpi import dump_remote_mpi_stacks
 
-        return dump_mpi_stacks(surveyed.connections[host], self.job_id, timeout_s)
+        return dump_remote_mpi_stacks(surveyed.connections[host], self.job_id, timeout_s)
 
 
 def kill_mpi_leftovers(job_id: str, plan: Plan, surveyed: Survey) -> dict[str, list[int]]:
     """After mpirun: SIGKILL every process of the job still on a host of the plan (found by
     its DTRAIN_JOB_ID), here and over the survey's SSH connections; host -> pids killed."""
-    from launcher.transport.mpi import kill_local_mpi_leftovers, kill_mpi_leftovers
+    from launcher.transport.mpi import kill_local_mpi_leftovers, kill_remote_mpi_leftovers
 
     def on(host: str) -> list[int]:
         if surveyed.site.local.get(host, True) or host not in surveyed.connections:
             return kill_local_mpi_leftovers(job_id)
-        answer = kill_mpi_leftovers(surveyed.connections[host], job_id, LEFTOVERS_TIMEOUT_S)
+        answer = kill_remote_mpi_leftovers(surveyed.connections[host], job_id, LEFTOVERS_TIMEOUT_S)
         if "error" in answer:
             LOG.warning("cannot look for leftovers on %s: %s", host, answer["error"])
         return list(answer.get("killed") or [])

@@ -1,4 +1,4 @@
-"""A running job answers questions: ``control.sock`` in its job directory (job layer).
+"""A running job answers questions: ``control.sock`` in its job directory (streams layer).
 
 The launcher of a running job listens on a Unix socket in the job directory (which is
 0700: only its user can reach it).  A request is one JSON line (``{"op": "stacks"}``),

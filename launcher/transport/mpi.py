@@ -37,7 +37,9 @@ def kill_local_mpi_leftovers(job_id: str) -> list[int]:
     return killed
 
 
-def dump_mpi_stacks(connection: SshConnection, job_id: str, timeout_s: float) -> dict[str, Any]:
+def dump_remote_mpi_stacks(
+    connection: SshConnection, job_id: str, timeout_s: float
+) -> dict[str, Any]:
     """The Python stacks of an ``--mpi`` job's ranks on a remote host (mpirun started them,
     not an agent)."""
     from launcher.remote import agent
@@ -47,7 +49,9 @@ def dump_mpi_stacks(connection: SshConnection, job_id: str, timeout_s: float) ->
     return agent_call(connection, call, timeout_s)
 
 
-def kill_mpi_leftovers(connection: SshConnection, job_id: str, timeout_s: float) -> dict[str, Any]:
+def kill_remote_mpi_leftovers(
+    connection: SshConnection, job_id: str, timeout_s: float
+) -> dict[str, Any]:
     """SIGKILL what mpirun left of an ``--mpi`` job on a remote host (pids in ``killed``)."""
     from launcher.transport.remotecalls import agent_call  # paramiko: remote hosts only
 

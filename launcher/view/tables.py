@@ -46,7 +46,7 @@ def format_jobs(summaries: Sequence[JobSummary]) -> list[str]:
             ",".join(s.hosts) or "-",
             human_size(s.size),
             human_age(s.age_s),
-            " ".join(s.command)[:50],
+            " ".join(" ".join(s.command).split())[:50],  # one line: python -c "a\nb"
         )
         for s in summaries
     ]
