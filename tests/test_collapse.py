@@ -16,13 +16,15 @@ from launcher.core.config import rank_set
 from launcher.core.hosts import Host
 from launcher.streams.collapse import (
     FLOOD_PASS_S,
+    HOLD_MAX_S,
+    HOLD_S,
     MAX_HELD,
     Collapsed,
     Collapser,
     expand,
-    same_text,
 )
 from launcher.streams.outlets import Outlet
+from launcher.streams.sametext import same_text
 from launcher.view.lineviews import CollapsingView, JsonLinesView, LineView
 from tests.conftest import py, run_dtrain
 from tests.test_jobs import job_id_of
@@ -40,9 +42,87 @@ def test_a_line_of_some_ranks_comes_out_when_its_window_closes() -> None:
     c = Collapser(world_size=8, window_s=0.5)
     c.add(2, "stdout", b"loading", now=1.0)
     c.add(5, "stdout", b"loading", now=1.2)
+    for rank in (0, 1, 3, 4, 6, 7):  # the others said something else at that point instead
+        c.add(rank, "stdout", b"skipping %d" % rank, now=1.1)
     assert c.due(1.49) == []
     assert c.due(1.5) == [Collapsed((2, 5), "stdout", (b"loading",))]
-    assert c.next_due() is None
+
+
+def feed(c: Collapser, arrivals: list[tuple[float, int, bytes]]) -> list[Collapsed]:
+    """Each rank's line (stdout) at its time, the collapser ticked in between as the writer
+    ticks it (whenever ``next_due`` comes before the next line)."""
+    out: list[Collapsed] = []
+    for at, rank, text in sorted(arrivals):
+        while (due := c.next_due()) is not None and due <= at:
+            out += c.due(due)
+        out += c.add(rank, "stdout", text, at)
+    while (due := c.next_due()) is not None:
+        out += c.due(due)
+    return out
+
+
+WARNING = b"UserWarning: TypedStorage is deprecated"
+
+
+def test_ranks_printing_a_line_50_ms_apart_under_load_collapse_into_one_group() -> None:
+    # 50 ms apart, stretched by a busy machine: the last ranks' copies reach dtrain after the
+    # first one's window (0.5 s) closed.  Before: [0-5] and [6-7].
+    c = Collapser(world_size=8, window_s=0.5)
+    out = feed(c, [(rank * 0.05 + (0.3 if rank >= 6 else 0), rank, WARNING) for rank in range(8)])
+    assert out == [Collapsed(tuple(range(8)), "stdout", (WARNING,))]
+
+
+def test_ranks_printing_a_line_300_ms_apart_collapse_into_one_group() -> None:
+    c = Collapser(world_size=8, window_s=0.5)
+    out = feed(c, [(rank * 0.3, rank, WARNING) for rank in range(8)])
+    assert out == [Collapsed(tuple(range(8)), "stdout", (WARNING,))]
+    c = Collapser(world_size=8, window_s=0.5)
+    assert c.add(0, "stdout", WARNING, now=0) == []
+    assert c.add(1, "stdout", WARNING, now=0.3) == []
+    assert c.due(2.0) == []  # the others have not printed a line yet: expected
+    assert c.add(2, "stdout", WARNING, now=2.2) == []  # within 2 s of the latest: joins
+    assert c.next_due() == 2.2 + HOLD_S
+
+
+def test_a_shared_line_waits_for_the_others_at_most_the_bound() -> None:
+    c = Collapser(world_size=8, window_s=0.5)
+    c.add(0, "stdout", WARNING, now=0)
+    c.add(1, "stdout", WARNING, now=0.1)
+    c.add(0, "stdout", b"rank 0 goes on", now=0.2)
+    assert c.due(0.1 + HOLD_S - 0.01) == []
+    assert c.next_due() == 0.1 + HOLD_S
+    assert c.due(0.1 + HOLD_S) == [
+        Collapsed((0, 1), "stdout", (WARNING,)),
+        Collapsed((0,), "stdout", (b"rank 0 goes on",)),
+    ]
+    # then ranks joining every 1.5 s: held no longer than HOLD_MAX_S after the first said it
+    times = [0.0, *(0.1 + 1.5 * (rank - 1) for rank in range(1, 10))]
+    out = feed(Collapser(world_size=10), [(at, rank, WARNING) for rank, at in enumerate(times)])
+    late = [rank for rank, at in enumerate(times) if at >= HOLD_MAX_S]  # then each alone
+    assert late == [8, 9]
+    assert out == [
+        Collapsed(tuple(range(8)), "stdout", (WARNING,)),
+        *(Collapsed((rank,), "stdout", (WARNING,)) for rank in late),
+    ]
+
+
+def test_a_lone_line_waits_only_its_window() -> None:
+    c = Collapser(world_size=8, window_s=0.5)
+    c.add(0, "stdout", b"rank 0 says this alone", now=0)
+    assert c.due(0.5) == [Collapsed((0,), "stdout", (b"rank 0 says this alone",))]
+
+
+def test_groups_come_out_in_time_order() -> None:
+    c = Collapser(world_size=2)
+    c.add(0, "stdout", b"saved checkpoint", now=1.0)
+    c.add(1, "stdout", b"rank 1: step 10", now=1.3)
+    c.add(1, "stdout", b"saved checkpoint", now=1.4)  # its own line goes in front
+    out = c.flush()
+    assert out == [
+        Collapsed((1,), "stdout", (b"rank 1: step 10",)),
+        Collapsed((0, 1), "stdout", (b"saved checkpoint",)),
+    ]
+    assert [item.time for item in out] == [1.3, 1.3]  # never earlier than what came before
 
 
 def test_lines_that_differ_are_never_merged() -> None:
@@ -207,6 +287,44 @@ def test_batches_expand_back_to_every_ranks_lines_in_order(
         sent.setdefault(rank, []).extend((stream, same_text(t)) for t in lines)
     out += c.flush()
     assert by_stream(expand(out)) == by_stream(sent)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    world=st.integers(1, 6),
+    batches=st.lists(
+        st.tuples(
+            st.integers(0, 5),
+            st.lists(st.sampled_from(WORDS), min_size=1, max_size=4),
+            st.sampled_from(["stdout", "stderr"]),
+            st.floats(0, 1.5),
+            st.booleans(),
+        ),
+        max_size=40,
+    ),
+)
+def test_held_lines_keep_every_ranks_order_and_come_out_in_time_order(
+    world: int, batches: list[tuple[int, list[bytes], str, float, bool]]
+) -> None:
+    """Lines held for ranks still expected to say them (seconds apart), ticked as the writer
+    ticks: each rank's lines in order, times never going back, nothing overdue held."""
+    c = Collapser(world_size=world, window_s=0.5)
+    now, out = 0.0, []
+    sent: dict[int, list[tuple[str, bytes]]] = {}
+    for rank, lines, stream, step, tick in batches:
+        rank %= world
+        now += step
+        due = c.next_due()
+        if tick and due is not None and due <= now:
+            out += c.due(due)
+        out += c.add_lines(rank, stream, lines, now)
+        sent.setdefault(rank, []).extend((stream, same_text(t)) for t in lines)
+        due = c.next_due()
+        assert due is None or due > now
+    out += c.flush()
+    assert by_stream(expand(out)) == by_stream(sent)
+    times = [item.time for item in out]
+    assert times == sorted(times)
 
 
 def test_batches_of_the_same_lines_collapse_line_by_line() -> None:

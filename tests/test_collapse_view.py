@@ -7,6 +7,7 @@ import io
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -15,14 +16,14 @@ from rich.text import Text
 from launcher.core.command import LaunchSpec
 from launcher.core.config import ViewConfig
 from launcher.core.hosts import Host
-from launcher.streams.collapse import Collapser
+from launcher.streams.collapse import HOLD_S, Collapser
 from launcher.streams.joblogs import LogLine
 from launcher.streams.outlets import Outlet
 from launcher.view.frontend import make_view
 from launcher.view.lineviews import DEFAULT_TAG, CollapsingView, JsonLinesView, LineView
 from launcher.view.liveview import LiveView
 from launcher.view.logview import LogView
-from tests.conftest import py, run_dtrain
+from tests.conftest import child_env, py, run_dtrain
 
 
 def spec_of(rank: int, local_rank: int | None = None) -> LaunchSpec:
@@ -130,6 +131,56 @@ def test_a_held_line_still_comes_out_by_the_writers_clock_when_nothing_else_come
     assert outlet.finish(timeout_s=10)
 
 
+def test_the_writer_holds_a_line_some_ranks_said_for_the_others_up_to_the_bound() -> None:
+    out = io.StringIO()
+    outlet = Outlet(CollapsingView(LineView(out, out), 3, 0.2))
+    posted = time.monotonic()
+    outlet.post_lines(spec_of(0), "stdout", [b"UserWarning: slow"])
+    outlet.post_lines(spec_of(1), "stdout", [b"UserWarning: slow"])
+    # Rank 2 has printed nothing yet: it is expected to say it too (before: out after 0.2 s).
+    assert wait_for(out, "UserWarning", timeout_s=1.0) is False
+    assert wait_for(out, "[0-1] UserWarning: slow\n")  # the writer's ticks alone let it out
+    assert time.monotonic() - posted >= HOLD_S
+    assert outlet.finish(timeout_s=10)
+
+
+def test_dtrain_run_collapses_a_warning_of_ranks_that_print_it_apart(
+    mark: str, tmp_path: Path
+) -> None:
+    """8 ranks print the same warning 0.1 s apart (0.7 s from the first to the last, more
+    than the window): one line for all, and times that never go back."""
+    code = (
+        "import os, sys, time, warnings\n"
+        "room = sys.argv[1]; rank = int(os.environ['RANK'])\n"
+        "open(os.path.join(room, str(rank)), 'w').close()\n"
+        "while len(os.listdir(room)) < 8: time.sleep(0.01)\n"
+        "time.sleep(rank * 0.1)\n"
+        "warnings.warn('TypedStorage is deprecated', UserWarning)\n"
+        "print('rank', rank, 'done', flush=True)\n"
+    )
+    env = {**child_env(), "DTRAIN_JOB_DIR": str(tmp_path / "jobs")}  # this job's alone
+    room = tmp_path / "room"
+    room.mkdir()
+    argv = ("run", "-np", "8", "--json", "--collapse", "-x", f"DTRAIN_TEST_MARK={mark}")
+    job = run_dtrain(*argv, *py(code), str(room), env=env)
+    assert job.returncode == 0, job.stderr
+    records = [json.loads(line) for line in job.stdout.splitlines()]
+    lines = [r for r in records if "text" in r]
+    warned = [r for r in lines if "TypedStorage" in r["text"]]
+    assert [r["ranks"] for r in warned] == [list(range(8))]
+    assert sorted(r["text"] for r in lines if "done" in r["text"]) == [
+        f"rank {rank} done" for rank in range(8)
+    ]
+    times = [r["time"] for r in lines]
+    assert times == sorted(times)
+    [job_id] = [path.name for path in (tmp_path / "jobs").iterdir()]
+    shown = run_dtrain("logs", job_id, "--collapse", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert [ln for ln in shown.stdout.splitlines() if "TypedStorage" in ln] == [
+        "[0-7]<stderr> <string>:6: UserWarning: TypedStorage is deprecated"
+    ]
+
+
 class Clock:
     def __init__(self, now: float = 0.0) -> None:
         self.now = now
@@ -150,6 +201,20 @@ def test_json_time_of_a_collapsed_line_is_when_it_was_written() -> None:
     view.tick()
     [record] = [json.loads(line) for line in out.getvalue().splitlines()]
     assert (record["ranks"], record["time"]) == ([0, 1], 1010.0)
+
+
+def test_json_times_never_go_back_when_the_wall_clock_is_set_back() -> None:
+    out = io.StringIO()
+    clock, wall = Clock(10.0), Clock(1010.0)
+    view = CollapsingView(JsonLinesView(out, clock=lambda: 5.0), 2, 0.5, clock, wall=wall)
+    view.show_at(spec_of(0), "stdout", [b"first"], at=10.0)
+    clock.now, wall.now = 10.6, 1010.6
+    view.tick()
+    view.show_at(spec_of(1), "stdout", [b"second"], at=10.7)
+    clock.now, wall.now = 11.3, 1001.3  # the wall clock was set back 10 s meanwhile
+    view.tick()
+    times = [json.loads(line)["time"] for line in out.getvalue().splitlines()]
+    assert times == [1010.0, 1010.0]
 
 
 # Before the live region: what rich would print, on stdout.

@@ -75,11 +75,11 @@ def test_a_failing_rank_fails_the_job_with_its_summary_and_record(tmp_path: Path
     result = outcome.result
     assert result.exit_code == 3
     assert format_failure(result) == [
-        "dtrain: rank 1 on localhost failed (exit code 3); stopped the other 2 ranks "
-        "(1 with SIGKILL after the 10 s grace); dtrain exits 3",
         "dtrain: last stderr lines of rank 1:",
         "    Traceback",
         "    ValueError: boom",
+        "dtrain: stopped the other 2 ranks (1 with SIGKILL after the 10 s grace)",
+        "dtrain: rank 1 on localhost failed (exit code 3); dtrain exits 3",
     ]
     assert transport.started[0].signals == [signal.SIGTERM]
     assert transport.started[2].signals == [signal.SIGTERM, signal.SIGKILL]

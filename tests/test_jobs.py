@@ -150,7 +150,8 @@ def test_json_lines_parse(mark: str) -> None:
         "echo hello $RANK; echo oops >&2",
     )
     assert result.returncode == 0
-    records = [json.loads(line) for line in result.stdout.splitlines()]
+    first, *records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert first["job"] and first["world_size"] == 2  # the first object names the job
     assert sorted((r["rank"], r["stream"], r["text"]) for r in records) == [
         (0, "stderr", "oops"),
         (0, "stdout", "hello 0"),

@@ -29,6 +29,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"view", "run", "loop", "streams", "core", "base"},
     "": {"cli", "base"},  # launcher/__init__.py and __main__.py
 }
+# base modules with effects (threads, signals to pids): not for the pure core.
+EFFECTFUL_BASE = {"launcher.base.parallel", "launcher.base.pids"}
 MAX_LINES = 600
 MAX_EDGE_LINES = 450
 MAX_FUNCTION_LINES = 80
@@ -105,6 +107,9 @@ def test_a_module_imports_only_what_its_folder_may(path: Path) -> None:
     assert not wrong, f"{module} ({layer or 'top'}) may not import {wrong}"
     if layer == "remote":  # shipped as text: nothing of dtrain may come along
         assert imported(path) == set(), f"{module} imports dtrain modules"
+    if layer == "core":  # pure: values in, values out
+        effects = sorted(imported(path) & EFFECTFUL_BASE)
+        assert not effects, f"{module} (pure) may not import {effects}"
 
 
 def test_every_folder_is_a_layer() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,47 +19,38 @@ from launcher.core.config import JobConfig, PlacementConfig
 from launcher.core.hosts import Host
 from launcher.core.outcome import JobResult, RankState, Stream
 from launcher.loop.supervisor import Supervisor
+from launcher.remote import agent
 from launcher.run.attempt import Finished
 from launcher.run.job import run_job
 from launcher.streams.jobdir import JobDir
 from launcher.streams.outlets import Fanout, Lines, Outlet, OutputQueue
+from launcher.transport.agentlink import AgentProcess
 from tests.conftest import DTRAIN, JOBS, REPO, child_env, marked_pids, rss_mib, wait_for_pids
 from tests.fakes import FakeClock, FakeTransport, RecordingFrontend, RecordingSink
 from tests.test_job import local_survey
+from tests.test_output_end import FeedRecord, StubHost
+from tests.testhosts import TestHosts
 
 
 def spec(rank: int) -> LaunchSpec:
     return LaunchSpec(rank=rank, host=Host("h"), local_rank=rank, argv=("x",), env={})
 
 
-def put_in_thread(queue: OutputQueue, rank: int, lines: list[bytes]) -> threading.Thread:
-    thread = threading.Thread(target=queue.put_lines, args=(spec(rank), "stdout", lines))
-    thread.start()
-    return thread
-
-
-def test_a_full_rank_waits_while_other_ranks_pass() -> None:
+def test_a_full_rank_is_held_back_while_other_ranks_pass() -> None:
+    """Posting never waits: a rank whose share is full is told so (its reader stops reading
+    it) and told again once the writer took half of it; another rank's share is its own."""
     queue = OutputQueue(limit_bytes=1000)
-    queue.put_lines(spec(0), "stdout", [b"x" * 900])
-    blocked = put_in_thread(queue, 0, [b"y" * 200])
-    blocked.join(0.3)
-    assert blocked.is_alive()  # rank 0 has no room: its reader waits (back-pressure)
-    other = put_in_thread(queue, 1, [b"z" * 200])
-    other.join(5)
-    assert not other.is_alive()  # rank 1's share is its own
+    assert queue.put_lines(spec(0), "stdout", [b"x" * 436])  # 500 bytes with its overhead
+    assert queue.put_lines(spec(0), "stdout", [b"y" * 436])  # the share is full: still taken
+    room = threading.Event()
+    assert not queue.when_room((0, None), room.set)  # full: hold rank 0 back
+    assert queue.when_room((1, None), lambda: None)  # rank 1's share is its own
+    assert queue.put_lines(spec(1), "stdout", [b"z" * 200])
     item, dropped = queue.take()
-    assert isinstance(item, Lines) and item.lines == [b"x" * 900] and dropped == 0
-    blocked.join(5)
-    assert not blocked.is_alive()  # room again
+    assert isinstance(item, Lines) and item.lines == [b"x" * 436] and dropped == 0
+    assert room.is_set()  # half of rank 0's share is free: its reader goes on
     taken = [queue.take()[0] for _ in range(2)]
-    assert sorted(i.lines[0][:1] for i in taken if isinstance(i, Lines)) == [b"y", b"z"]
-
-
-def test_a_batch_larger_than_the_limit_passes_alone() -> None:
-    queue = OutputQueue(limit_bytes=100)
-    thread = put_in_thread(queue, 0, [b"x" * 1000])
-    thread.join(5)
-    assert not thread.is_alive()
+    assert [i.lines[0][:1] for i in taken if isinstance(i, Lines)] == [b"y", b"z"]
 
 
 def test_a_lossy_queue_drops_and_counts_instead_of_waiting() -> None:
@@ -69,14 +61,14 @@ def test_a_lossy_queue_drops_and_counts_instead_of_waiting() -> None:
     assert isinstance(item, Lines) and dropped == 2
 
 
-def test_states_never_wait_and_abandon_frees_a_waiting_reader() -> None:
+def test_states_never_wait_and_abandon_frees_a_held_reader() -> None:
     queue = OutputQueue(limit_bytes=10)
     queue.put_lines(spec(0), "stdout", [b"x" * 10])
-    blocked = put_in_thread(queue, 0, [b"y"])
+    room = threading.Event()
+    assert not queue.when_room((0, None), room.set)
     queue.put_state(RankState(0, "h", "worker", 1, 0.0))  # the loop's post: no wait
     queue.abandon()
-    blocked.join(5)
-    assert not blocked.is_alive()
+    assert room.is_set()
     assert queue.take() == (None, 0)
 
 
@@ -250,7 +242,7 @@ def test_json_into_head_ends_the_view_not_the_job(mark: str) -> None:
     script = "for i in $(seq 300); do echo line $i; done; sleep 0.5; echo done"
     command = (
         " ".join(DTRAIN)
-        + f" run --json -np 2 -x DTRAIN_TEST_MARK={mark} sh -c '{script}' | head -1;"
+        + f" run --json -np 2 -x DTRAIN_TEST_MARK={mark} sh -c '{script}' | head -2;"
         + " echo status=${PIPESTATUS[0]} >&2"
     )
     result = subprocess.run(
@@ -261,7 +253,8 @@ def test_json_into_head_ends_the_view_not_the_job(mark: str) -> None:
         cwd=REPO,
         timeout=60,
     )
-    assert result.stdout.count("\n") == 1 and '"text": "line 1"' in result.stdout
+    # The job's object, then a line's.
+    assert result.stdout.count("\n") == 2 and '"text": "line 1"' in result.stdout
     assert "status=0" in result.stderr
     assert "Traceback" not in result.stderr and "Exception" not in result.stderr, result.stderr
     (job,) = set(JOBS.iterdir()) - before
@@ -295,25 +288,158 @@ def test_a_failed_job_behind_a_paused_reader_is_recorded_and_ends_on_sigterm(
 
 def test_a_reader_held_back_by_a_full_view_goes_on_once_the_ranks_ended() -> None:
     """Behind a paused terminal a rank's share of the view's queue is full and its reader
-    waits; once every rank has exited the view may hold more, so what the pipes still held
-    reaches the job directory now instead of waiting for (or being lost to) the terminal."""
-    import threading
-
-    from launcher.core.command import LaunchSpec
-    from launcher.core.hosts import Host
-    from launcher.streams.outlets import OutputQueue
-
+    holds it back; once every rank has exited the view may hold more, so what is still in
+    flight reaches the job directory now instead of waiting for (or being lost to) the
+    terminal."""
     queue = OutputQueue(limit_bytes=100)
-    spec = LaunchSpec(0, Host("localhost"), 0, argv=("x",), env={})
-    assert queue.put_lines(spec, "stdout", [b"x" * 80])
-    done = threading.Event()
-
-    def post() -> None:
-        queue.put_lines(spec, "stdout", [b"y" * 80])  # no room: waits for the writer
-        done.set()
-
-    threading.Thread(target=post, daemon=True).start()
-    assert not done.wait(0.3)
-    queue.let_lag(1 << 20)
-    assert done.wait(5)
+    assert queue.put_lines(spec(0), "stdout", [b"x" * 80])
+    room = threading.Event()
+    assert not queue.when_room((0, None), room.set)  # no room: the reader stops reading it
+    queue.let_lag()
+    assert room.is_set()
+    assert queue.put_lines(spec(0), "stdout", [b"y" * 80])
     assert len(queue.items) == 2  # both batches kept for the view
+
+
+# -- back-pressure holds back one rank, never the reader of all, never a "hang" ----------
+
+BUSY = "import time\nwhile True: print('step', time.time(), 'x' * 2000, flush=True)"
+FLOOD_AND_TICK = """
+import os, sys, time
+if os.environ["RANK"] == "0":
+    while True:
+        print("flood", "x" * 2000, flush=True)
+for i in range(40):
+    print("tick", i, flush=True)
+    time.sleep(0.1)
+"""
+
+
+def logged(job: Path, rank: int) -> list[bytes]:
+    """A rank's stdout lines in the job directory, so far."""
+    path = JobDir(job).log_path(rank)
+    if not path.exists():
+        return []
+    return [
+        line.split(b" ", 2)[2]
+        for line in path.read_bytes().splitlines()
+        if line.count(b" ") >= 2 and line.split(b" ", 2)[1] == b"o"
+    ]
+
+
+def wait_held_back(job: Path, rank: int, timeout_s: float = 30) -> None:
+    """Wait until the rank's log stops growing: the paused reader holds it back."""
+    deadline = time.monotonic() + timeout_s
+    size = -1
+    while True:
+        path = JobDir(job).log_path(rank)
+        now = path.stat().st_size if path.exists() else 0
+        if now == size and now > 0:
+            return
+        assert time.monotonic() < deadline, "the rank was never held back"
+        size = now
+        time.sleep(1.0)
+
+
+def new_job(before: set[Path], timeout_s: float = 30) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while not (set(JOBS.iterdir()) - before):
+        assert time.monotonic() < deadline, "no job directory"
+        time.sleep(0.05)
+    (job,) = set(JOBS.iterdir()) - before
+    return job
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_held_back_by_a_paused_terminal_is_not_a_hang(
+    mark: str, start_unread: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """A rank that prints all the time at a paused terminal waits on dtrain's back-pressure:
+    that is not silence, and --hang-timeout does not fire (it fired after the timeout, with
+    exit 124, while the rank printed all the time)."""
+    before = set(JOBS.iterdir())
+    proc = start_unread(
+        "run", "--plain", "-np", "1", "--hang-timeout", "1", "-x", f"DTRAIN_TEST_MARK={mark}",
+        "--", sys.executable, "-c", BUSY,
+    )  # fmt: skip
+    job = new_job(before)
+    wait_held_back(job, 0)
+    time.sleep(4)  # four hang timeouts of a rank held back all the while
+    assert marked_pids(mark), "the rank was stopped as hung"
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert b"--hang-timeout" not in err, err
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
+def check_ticks_pass_a_flood(proc: subprocess.Popen[bytes], job: Path, mark: str) -> None:
+    """Rank 0 floods a terminal nobody reads, rank 1 ticks: every tick reaches the job
+    directory meanwhile, and the terminal once it is read."""
+    deadline = time.monotonic() + 60
+    ticks = [b"tick %d" % i for i in range(40)]
+    while logged(job, 1) != ticks:
+        assert time.monotonic() < deadline, f"rank 1's ticks so far: {logged(job, 1)!r}"
+        assert proc.poll() is None
+        time.sleep(0.2)
+    assert marked_pids(mark)  # rank 0 is still flooding, held back
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)  # the terminal is read again
+    shown = [line.split(b"] ", 1)[1] for line in out.splitlines() if line.startswith(b"[1")]
+    assert shown == ticks
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
+@pytest.mark.timeout(120)
+def test_one_rank_at_a_paused_terminal_does_not_stall_the_others(
+    mark: str, start_unread: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """One thread reads every local rank: a rank whose share is full is skipped (its pipe
+    is not read until there is room), never waited on (the job directory held 1 of 40
+    ticks)."""
+    before = set(JOBS.iterdir())
+    proc = start_unread(
+        "run", "--plain", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}",
+        "--", sys.executable, "-c", FLOOD_AND_TICK,
+    )  # fmt: skip
+    check_ticks_pass_a_flood(proc, new_job(before), mark)
+
+
+@pytest.mark.timeout(180)
+def test_one_remote_rank_at_a_paused_terminal_does_not_stall_the_others(
+    mark: str, start_unread: Callable[..., subprocess.Popen[bytes]], ssh_hosts: TestHosts
+) -> None:
+    """Over SSH one thread feeds every remote rank: a rank whose share is full gets no
+    credit back (its agent stops reading it), and the others' chunks and credit go on."""
+    before = set(JOBS.iterdir())
+    proc = start_unread(
+        "run", "--plain", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1:1,node2:1",
+        "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "-x", "PATH",
+        "--", sys.executable, "-c", FLOOD_AND_TICK,
+    )  # fmt: skip
+    check_ticks_pass_a_flood(proc, new_job(before), mark)
+
+
+def test_a_remote_rank_with_full_outlets_gets_no_credit_until_there_is_room() -> None:
+    """The pump that feeds every remote rank never waits on one: a rank whose outlets are
+    full gets no credit back (its agent stops reading it at the end of its window) until
+    they have room; then all of it."""
+    host = StubHost()
+    rank = LaunchSpec(0, Host("h7"), 0, argv=("x",), env={})
+    process = AgentProcess(rank, host, 1)  # type: ignore[arg-type]
+    feed = FeedRecord()
+    feed.full = True
+    process.attach(feed)
+    quarter = agent.WINDOW_BYTES // 4
+    process.receive(agent.STDOUT, b"x" * quarter)
+    process.receive(agent.STDOUT, b"y" * quarter)
+    host.pump.close()
+    assert host.pump.thread is not None
+    host.pump.thread.join(10)
+    assert [e[2][:1] for e in feed.events] == [b"x", b"y"]  # fed on, not waited on
+    assert not [s for s in host.sent if s[1] == agent.CREDIT]
+    for on_room in feed.on_room:
+        on_room()
+    assert [s for s in host.sent if s[1] == agent.CREDIT] == [
+        (1, agent.CREDIT, str(2 * quarter).encode())
+    ]

@@ -309,7 +309,8 @@ def test_a_standing_cluster_serves_a_coordinator(mark: str, tmp_path: Path) -> N
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130
-        assert "export TF_CONFIG='" in err and "interrupted by SIGINT; stopped 3 ranks" in err
+        assert "export TF_CONFIG='" in err and "dtrain: stopped 3 ranks\n" in err
+        assert "dtrain: interrupted by SIGINT; dtrain exits 130" in err
     finally:
         if proc.poll() is None:
             proc.kill()

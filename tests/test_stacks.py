@@ -5,14 +5,16 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from launcher.core.stacks import format_stacks, group_stacks
+from launcher.streams.control import SOCKET_NAME
 from launcher.view.topview import top_table
-from tests.conftest import run_dtrain, start_dtrain, wait_until_gone
+from tests.conftest import JOBS, run_dtrain, start_dtrain, wait_until_gone
 from tests.testhosts import TestHosts
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,6 +90,31 @@ def expected(hosts: str, odd_host: str, path: Path) -> list[str]:
 def test_stacks_of_a_local_job(tmp_path: Path, mark: str) -> None:
     out = stacks_of_running_job("-np", "4", tmp_path=tmp_path, mark=mark)
     assert out.splitlines()[1:] == expected("localhost", "localhost", tmp_path / "train.py")
+    assert wait_until_gone(mark) == []
+
+
+def test_stacks_answer_while_another_client_of_the_job_says_nothing(
+    tmp_path: Path, mark: str
+) -> None:
+    """A client connected to the job's control socket that sends nothing (a stuck script, a
+    ``nc -U`` left open) holds up no ``dtrain stacks``."""
+    (tmp_path / "train.py").write_text(PROGRAM)
+    proc = start_dtrain(
+        "run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", str(tmp_path / "train.py")
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        job = proc.stderr.readline().split("dtrain: job ", 1)[1].split()[0]
+        for _ in range(2):
+            assert "ready" in proc.stdout.readline()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+            silent.connect(str(JOBS / job / SOCKET_NAME))
+            result = run_dtrain("stacks", job, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert "wait_in_all_reduce" in result.stdout
+    finally:
+        run_dtrain("stop")
+        proc.communicate(timeout=30)
     assert wait_until_gone(mark) == []
 
 
@@ -174,8 +201,11 @@ def check_top(rows: list[dict[str, object]], hosts: list[str]) -> None:
         (0, hosts[0], "running"), (1, hosts[1], "running"),
     ]  # fmt: skip
     busy, idle = rows
-    assert isinstance(busy["cpu_percent"], float) and busy["cpu_percent"] > 50, rows
-    assert isinstance(idle["cpu_percent"], float) and idle["cpu_percent"] < 20, rows
+    # A spinning rank's share depends on what else the machine runs (a busy CI machine gave
+    # it 33-48 %): it is measured as clearly above the sleeping rank's, not above a fixed share.
+    assert isinstance(busy["cpu_percent"], float) and isinstance(idle["cpu_percent"], float)
+    assert busy["cpu_percent"] > 10 and busy["cpu_percent"] > idle["cpu_percent"] + 10, rows
+    assert idle["cpu_percent"] < 20, rows
     assert all(isinstance(r["rss_mib"], float) and r["rss_mib"] > 64 for r in rows), rows
     assert [r["last_line"] for r in rows] == ["rank 0 busy", "rank 1 idle"]
     assert all(isinstance(r["pid"], int) and r["pid"] > 0 for r in rows)

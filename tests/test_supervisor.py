@@ -10,7 +10,8 @@ from typing import Any
 from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
 from launcher.core.outcome import JobResult, RankReport
-from launcher.loop.supervisor import SETTLE_EXTRA_S, Signalled, Supervisor, TimeLimits
+from launcher.loop.rankrun import Signalled
+from launcher.loop.supervisor import SETTLE_EXTRA_S, Supervisor, TimeLimits
 from tests.fakes import FakeClock, FakeProcess, FakeTransport, RecordingSink, Script
 
 
@@ -131,7 +132,7 @@ def test_report_keeps_progress_bars_final_state_and_says_no_output() -> None:
     assert silent.failure is not None and silent.failure.last_lines == ()
     from launcher.view.reports import format_failure
 
-    assert format_failure(silent)[1] == "dtrain: rank 0 wrote nothing (no output)"
+    assert format_failure(silent)[0] == "dtrain: rank 0 wrote nothing (no output)"
 
 
 def test_summary_counts_the_ranks_actually_stopped() -> None:
@@ -143,11 +144,12 @@ def test_summary_counts_the_ranks_actually_stopped() -> None:
         delays={1: 0.5},
     )
     assert result.stopped == 1 and result.sigkilled == 0
-    assert format_failure(result)[0] == (
-        "dtrain: rank 1 on h failed (exit code 4); stopped the 1 rank still running; dtrain exits 4"
-    )
+    assert format_failure(result)[-2:] == [
+        "dtrain: stopped the 1 rank still running",
+        "dtrain: rank 1 on h failed (exit code 4); dtrain exits 4",
+    ]
     alone, _, _ = supervise({0: ({}, 0, False), 1: ({}, 4, False)}, delays={1: 0.5})
-    assert "no other rank was running" in format_failure(alone)[0]
+    assert "no other rank was running" in format_failure(alone)[-2]
 
 
 def test_a_second_interrupt_says_it_killed_at_once() -> None:
@@ -162,8 +164,8 @@ def test_a_second_interrupt_says_it_killed_at_once() -> None:
     supervisor.events.put(Signalled(signal.SIGINT))
     result = supervisor.run()
     assert format_failure(result) == [
-        "dtrain: interrupted by SIGINT; stopped 2 ranks (2 with SIGKILL at the second signal); "
-        "dtrain exits 130"
+        "dtrain: stopped 2 ranks (2 with SIGKILL at the second signal)",
+        "dtrain: interrupted by SIGINT; dtrain exits 130",
     ]
 
 

@@ -252,8 +252,10 @@ def take_all(pool: SlotPool, counts: list[int]) -> list[Placement | None]:
 @pytest.mark.parametrize(
     ("slots", "counts", "expected"),
     [
-        # one rank each: slot by slot, host by host; a trial that finds none waits (None)
-        ([2, 1], [1, 1, 1, 1], [((0, (0,)),), ((0, (1,)),), ((1, (0,)),), None]),
+        # one rank each: the least loaded host first; a trial that finds none waits (None)
+        ([2, 1], [1, 1, 1, 1], [((0, (0,)),), ((1, (0,)),), ((0, (1,)),), None]),
+        # -H h7:4,h8:4: four one-rank trials, two on each host
+        ([4, 4], [1, 1, 1, 1], [((0, (0,)),), ((1, (0,)),), ((0, (1,)),), ((1, (1,)),)]),
         # two ranks: a host that holds both first, else spread over hosts
         ([1, 1, 2], [2, 2, 1], [((2, (0, 1)),), ((0, (0,)), (1, (0,))), None]),
         ([2, 2], [2, 2, 2], [((0, (0, 1)),), ((1, (0, 1)),), None]),

@@ -307,9 +307,16 @@ def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: s
     ]
     jobs = [t["jobs"] for t in sweep_record(sweep_id)["trials"]]
     assert jobs == [[f"{sweep_id}-t0"], [f"{sweep_id}-t1", f"{sweep_id}-t1-1"], [f"{sweep_id}-t2"]]
-    assert "1 of 3" not in result.stderr and "2 of 3 trial(s)" in result.stderr
+    assert result.stderr.splitlines()[:2] == [  # the command to paste on a line of its own
+        f"dtrain: sweep {sweep_id}: 2 of 3 trial(s), 1 slot(s); to resume:",
+        f"    dtrain sweep --resume {sweep_id}",
+    ]
     again = run_dtrain("sweep", "--resume", sweep_id, "--json", "-x", f"DTRAIN_TEST_MARK={mark}")
-    assert again.returncode == 0 and "0 of 3 trial(s)" in again.stderr
+    assert again.returncode == 0
+    assert again.stderr.splitlines() == [
+        f"dtrain: sweep {sweep_id}: nothing left to run (3 succeeded)"
+    ]
+    assert [t["state"] for t in results(again.stdout)["trials"]] == ["succeeded"] * 3
 
 
 @pytest.mark.parametrize(
@@ -324,6 +331,8 @@ def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: s
         (["--grid", "lr=1"], "no command given"),
         (["--np-per-trial", "3", "-H", "localhost:2", "--grid", "a=1", "t.py"], "the hosts have 2"),
         (["--master-port", "2000", "--grid", "a=1", "t.py"], "--master-port: every trial"),
+        (["-x", "BAD NAME=1", "--grid", "a=1", "t.py"], "'BAD NAME' is not a valid variable"),
+        (["-x", "DTRAIN_NOT_SET_ANYWHERE", "--grid", "a=1", "t.py"], "is not set in dtrain's"),
         (["--resume", "nosuchsweep"], "--resume nosuchsweep: no sweep matching it"),
         (["--retry-failed", "--grid", "a=1", "t.py"], "--retry-failed is for --resume"),
         (["--grid", "a=1", "-H", "bad host", "t.py"], "-H"),

@@ -4,19 +4,22 @@ progress bars, the Ctrl-C hint, the status line's width."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
+import select
 import signal
 import struct
 import subprocess
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import DTRAIN, REPO, child_env, py, wait_until_gone
+from tests.conftest import DTRAIN, JOBS, REPO, child_env, py, wait_until_gone
 from tests.testhosts import TestHosts
 
 pytestmark = pytest.mark.timeout(120)
@@ -225,7 +228,7 @@ def test_ctrl_c_says_what_it_does_and_how_to_hurry(mark: str) -> None:
     )
     assert code == 130
     assert "dtrain: stopping 3 rank(s) (grace 5 s); Ctrl-C again to kill now" in screen
-    assert "interrupted by SIGINT; stopped 3 ranks; dtrain exits 130" in screen
+    assert "dtrain: stopped 3 ranks\r\ndtrain: interrupted by SIGINT; dtrain exits 130" in screen
     assert wait_until_gone(mark) == []
 
 
@@ -244,7 +247,8 @@ def test_ctrl_c_twice_leaves_no_status_line_of_running_ranks(mark: str) -> None:
     )
     assert code == 130
     plain = ANSI.sub("", screen)
-    assert "(3 with SIGKILL at the second signal); dtrain exits 130" in plain.replace("\n", "")
+    assert "(3 with SIGKILL at the second signal)" in plain
+    assert "dtrain: interrupted by SIGINT; dtrain exits 130" in plain
     ending = screen[screen.index("Ctrl-C again to kill now") :]
     # The live area redraws its status line in bold; the status line printed when the view
     # stops is plain: it said "3/3 running ..." above the summary, as the view was left at
@@ -263,4 +267,145 @@ def test_the_phase_line_counts_hosts_while_connecting(ssh_hosts: TestHosts, mark
     assert code == 0, screen
     assert "dtrain: connecting to 3 host(s) over ssh" in screen
     assert "dtrain: starting agents: 3 of 3 hosts ready" in screen
+    assert wait_until_gone(mark) == []
+
+
+TICKS = (
+    "import os, time\n"
+    "while True:\n"
+    "    print('tick', os.environ['RANK'], flush=True)\n"
+    "    time.sleep(0.2)\n"
+)
+LIVE_ON = b"\x1b[?25l"  # rich hides the cursor while it draws the live region...
+CURSOR_SHOWN = b"\x1b[?25h"  # ...and shows it again
+
+
+class Screen:
+    """dtrain on a pty of 80x30 (its stdin, stdout and stderr), what it drew read as it
+    comes.  ``own_terminal``: the pty is its controlling terminal, as for a shell's job
+    (closing it hangs dtrain up); else dtrain is a process group of its own, in ours (a
+    shell's job in the foreground: Ctrl-Z stops it)."""
+
+    def __init__(self, args: list[str], own_terminal: bool = False) -> None:
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 80, 0, 0))
+        env = {**child_env(), "TERM": "xterm-256color"}
+        env.pop("COLUMNS", None)
+        env.pop("LINES", None)
+        self.proc = subprocess.Popen(
+            [*DTRAIN, *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            cwd=REPO,
+            start_new_session=own_terminal,
+            process_group=None if own_terminal else 0,
+            preexec_fn=take_terminal if own_terminal else None,
+        )
+        os.close(slave)
+        self.seen = b""
+
+    def read_until(self, done: Callable[[bytes], bool], timeout: float = 60.0) -> bytes:
+        """Read what dtrain draws until ``done(all of it)``; all of it."""
+        deadline = time.monotonic() + timeout
+        while not done(self.seen):
+            assert time.monotonic() < deadline, ANSI.sub("", self.seen.decode("utf-8", "replace"))
+            ready, _, _ = select.select([self.master], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:  # EIO: every process on the terminal has gone
+                    chunk = b""
+                assert chunk, f"dtrain's terminal closed: {self.seen[-500:]!r}"
+                self.seen += chunk
+        return self.seen
+
+    def read_to_end(self, timeout: float = 60.0) -> bytes:
+        """Read until every process on the terminal has gone."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.master], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:
+                    return self.seen
+                if not chunk:
+                    return self.seen
+                self.seen += chunk
+        raise AssertionError(f"the terminal is still open: {self.seen[-500:]!r}")
+
+    def job_id(self) -> str:
+        found = re.search(
+            r"dtrain: job (\S+) \(", ANSI.sub("", self.seen.decode("utf-8", "replace"))
+        )
+        assert found, self.seen
+        return found[1]
+
+
+def take_terminal() -> None:
+    """(In the child, a session leader now:) the pty on stdin becomes its terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def ticking(seen: bytes) -> bool:
+    """The live region is drawn and both ranks print."""
+    return LIVE_ON in seen and b"tick 0" in seen and b"tick 1" in seen
+
+
+def close_terminal_of_running_job(args: list[str], ranks: int, mark: str) -> None:
+    """The window closes, or the SSH session to the login node drops: dtrain is hung up
+    (SIGHUP) and its terminal answers EIO from then on.  The view is dropped, the ranks are
+    stopped in order, the job is recorded as interrupted, and dtrain exits 129."""
+    screen = Screen(["run", *args, "-x", f"DTRAIN_TEST_MARK={mark}", *py(TICKS)], True)
+    screen.read_until(lambda seen: LIVE_ON in seen and all(
+        f"tick {rank}".encode() in seen for rank in range(ranks)))  # fmt: skip
+    os.close(screen.master)  # the terminal goes away
+    code = screen.proc.wait(timeout=60)
+    status = json.loads((JOBS / screen.job_id() / "status.json").read_text())
+    assert (code, status["state"], status["exit_code"]) == (129, "interrupted", 129), status
+    assert status["result"]["interrupt"] == signal.SIGHUP
+    assert status["result"]["stopped"] == ranks
+    assert [rank["ended"] is not None for rank in status["ranks"].values()] == [True] * ranks
+    assert wait_until_gone(mark) == []
+
+
+def test_closing_the_terminal_ends_the_job_in_order(mark: str) -> None:
+    close_terminal_of_running_job(["-np", "2"], 2, mark)
+
+
+@pytest.mark.sshhosts
+def test_closing_the_terminal_ends_a_job_over_ssh_in_order(ssh_hosts: TestHosts, mark: str) -> None:
+    hosts = ["--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1:3,node2:3,node3:2"]
+    close_terminal_of_running_job([*hosts, "-np", "8"], 8, mark)
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0] == b"T"
+
+
+def test_ctrl_z_gives_the_cursor_back_and_fg_redraws(mark: str) -> None:
+    """Ctrl-Z stops dtrain with the terminal as the shell needs it (the cursor shown, as
+    ``less`` and ``top`` leave it); ``fg`` draws the live region again."""
+    screen = Screen(["run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", *py(TICKS)])
+    pid = screen.proc.pid
+    try:
+        screen.read_until(ticking)
+        os.killpg(pid, signal.SIGTSTP)  # Ctrl-Z: the terminal's foreground group
+        at_stop = screen.read_until(lambda seen: stopped(pid))
+        assert at_stop.rfind(CURSOR_SHOWN) > at_stop.rfind(LIVE_ON), at_stop[-300:]
+        os.killpg(pid, signal.SIGCONT)  # fg
+        again = len(at_stop)
+        screen.read_until(lambda seen: LIVE_ON in seen[again:] and b"running" in seen[again:])
+        screen.proc.send_signal(signal.SIGINT)
+        screen.read_to_end()
+        assert screen.proc.wait(timeout=60) == 130
+    finally:
+        if screen.proc.poll() is None:
+            os.killpg(pid, signal.SIGCONT)
+            screen.proc.kill()
+            screen.proc.wait()
+        os.close(screen.master)
     assert wait_until_gone(mark) == []

@@ -166,12 +166,16 @@ class Recorder:
         self.ended = threading.Event()
         self.hold = hold
 
-    def feed(self, stream: str, data: bytes) -> None:
+    def feed(self, stream: str, data: bytes, on_room: Callable[[], None] | None = None) -> bool:
         if self.hold is not None:
             self.hold.wait()
         self.chunks[stream].append(data)
         if all(c and c[-1] == b"" for c in self.chunks.values()):
             self.ended.set()
+        return True
+
+    def cut_off(self, stream: str, cause: str) -> None:
+        self.feed(stream, b"")
 
     def began(self) -> None:
         pass

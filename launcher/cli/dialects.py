@@ -66,6 +66,7 @@ def refuse(peer: str, flags: str, instead: str) -> PeerFlag:
     return PeerFlag(peer, flags, None, "-", refused=instead)
 
 
+TIMESTAMP_TAG = "{time} [{rank}]"  # --timestamp-output: the time each line was written
 ELASTIC = "dtrain restarts whole jobs: --max-restarts with --min-np/--max-np (fault-tolerance.md)"
 HOROVOD_KNOB = (
     "a Horovod runtime setting: pass its HOROVOD_ variable, e.g. -x HOROVOD_TIMELINE=FILE"
@@ -102,6 +103,14 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
     alias("mpirun", "--display-map -display-map", "report_bindings", "--report-bindings"),
     alias("mpirun", "--do-not-launch", "dry_run", "--dry-run"),
     accept("mpirun", "--tag-output -tag-output", "always: every line is tagged with its rank"),
+    alias(
+        "mpirun",
+        "--timestamp-output -timestamp-output",
+        "tag_format",
+        "--tag-format",
+        value=TIMESTAMP_TAG,
+        example=TIMESTAMP_TAG,
+    ),
     accept("mpirun", "--allow-run-as-root", "not needed: dtrain passes it to mpirun under --mpi"),
     refuse(
         "mpirun",

@@ -117,7 +117,10 @@ def jobs(prune: bool, running: bool, last: int | None, job_dir: str | None) -> i
         summaries = summaries[-last:]
     if prune:
         click.echo(f"dtrain: removed {removed} finished job(s) from {root}", err=True)
-    for line in format_jobs(summaries):
+    import shutil
+
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    for line in format_jobs(summaries, width):
         click.echo(line)
     return 0
 

@@ -239,7 +239,7 @@ def start_job(config: JobConfig) -> int:
         exit_anyway.daemon = True
         exit_anyway.start()
     for line in format_failure(outcome.result):
-        click.echo(line, err=True)
+        frontend.say(line)  # (a hung-up terminal: the job directory has the summary)
     return outcome.result.exit_code
 
 
@@ -317,6 +317,6 @@ def run_main() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (BrokenPipeError, ValueError):  # `dtrain ... | head`: the reader went away
+        except (OSError, ValueError):  # `dtrain ... | head`, a hung-up terminal: nobody reads
             pass
     os._exit(code)

@@ -181,7 +181,8 @@ view_options = stacked(
     ),
     option(
         "--collapse-window collapse_window_s",
-        "How long a line waits for the same line from other ranks.",
+        "How long a line waits for the same line from other ranks (one that some ranks "
+        "said waits up to 2 s more for the rest).",
         type=click.FloatRange(0.01, 60),
         default=0.5,
         **SECONDS,

@@ -119,7 +119,12 @@ def sweep_command(**options: Any) -> int:
     from launcher.run import sweepstart
     from launcher.run.sweeprun import SweepRunner
     from launcher.streams.joblist import jobs_root
-    from launcher.view.sweepview import SweepView, format_trials
+    from launcher.view.sweepview import (
+        SweepView,
+        format_nothing_left,
+        format_sweep_start,
+        format_trials,
+    )
 
     environ = dict(os.environ)
     root = jobs_root(options["job_dir"], environ)
@@ -131,6 +136,11 @@ def sweep_command(**options: Any) -> int:
         hosts = hosts_given(options["host_lists"], options["hostfile"]) if given else None
         sweep = sweepstart.resumed_sweep(chosen.resume, chosen, root, hosts)
         indices = sweepstart.resume_indices(sweep, chosen.retry_failed)
+        if not indices:  # every trial finished: the results as they are
+            for line in format_nothing_left(sweep.id, sweep.rows(), chosen.retry_failed):
+                click.echo(line, err=True)
+            print_results(sweep, options["as_json"])
+            return 0 if all(row.state == "succeeded" for row in sweep.rows()) else 1
     else:
         plan = sweepstart.plan_sweep(config_from_options(options), chosen, environ)
         notes = sweepstart.sweep_notes(plan.space, plan.base.command, chosen.seed is not None)
@@ -146,11 +156,9 @@ def sweep_command(**options: Any) -> int:
     followed = sys.stderr if options["as_json"] else sys.stdout  # stdout: the JSON alone
     view = SweepView(sweep.id, followed, sys.stderr, live, objective=sweep.settings.objective)
     view.know([row for row in sweep.rows() if row.trial not in indices])
-    view.notice(
-        f"dtrain: sweep {sweep.id}: {len(indices)} of {len(sweep.trials)} trial(s) on "
-        f"{sum(h.slots for h in sweep.hosts)} slot(s); resume with: dtrain sweep --resume "
-        f"{sweep.id}"
-    )
+    slots = sum(h.slots for h in sweep.hosts)
+    for line in format_sweep_start(sweep.id, len(indices), len(sweep.trials), slots):
+        view.notice(line)
     for note in notes:
         view.notice(note)
     code = SweepRunner(sweep, environ, view, chosen.follow).run(indices)

@@ -32,6 +32,7 @@ class EnvOptions:
     nodes: int = 1  # hosts with ranks: torchrun's GROUP_WORLD_SIZE
     restart_count: int = 0
     max_restarts: int = 0
+    error_files: Mapping[int, str] = field(default_factory=dict)  # rank -> its error file
 
 
 def build_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
@@ -71,6 +72,8 @@ def torchrun_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
 
     A job without roles is torchrun's one role, ``default``; in parameter-server jobs
     each role (chief, worker, ps, evaluator) is a role group of its own.
+    ``TORCHELASTIC_ERROR_FILE`` (where torch's ``@record`` writes an uncaught exception) is
+    set for the ranks that have a file of their own (``options.error_files``).
     """
     grouped = rank.role in options.groups
     return {
@@ -81,6 +84,11 @@ def torchrun_env(rank: Rank, options: EnvOptions) -> dict[str, str]:
         "TORCHELASTIC_RUN_ID": options.job_id,
         "TORCHELASTIC_RESTART_COUNT": str(options.restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(options.max_restarts),
+        **(
+            {"TORCHELASTIC_ERROR_FILE": options.error_files[rank.rank]}
+            if rank.rank in options.error_files
+            else {}
+        ),
     }
 
 

@@ -163,16 +163,17 @@ def build_mpirun_argv(
 
 
 # Every MPI rank gets the torch contract (RANK, LOCAL_RANK, ...) from Open MPI's own values, and
-# what dtrain's plan gave it (node rank, host, GPUs, NICs) from DTRAIN_RANK_<rank>; then the
-# shell execs the program (same pid for mpirun).  One sh per rank: no interpreter started.
+# what dtrain's plan gave it (node rank, host, GPUs, NICs) from DTRAIN_RANK_<rank>, whose
+# NAME='value' words (quoted by ``rank_variables``) the shell reads back with eval, values
+# whole (spaces, quotes, $); then the shell execs the program (same pid for mpirun).  One sh
+# per rank: no interpreter started.
 RANK_SHIM = (
     'export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
     'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" '
     'ROLE_RANK="$OMPI_COMM_WORLD_RANK"; '
     'eval "dtrain_own=\\${DTRAIN_RANK_$OMPI_COMM_WORLD_RANK-}"; '
-    '[ -z "$dtrain_own" ] || export $dtrain_own; unset dtrain_own; exec "$@"'
+    '[ -z "$dtrain_own" ] || eval "export $dtrain_own"; unset dtrain_own; exec "$@"'
 )
-SAFE_VALUE = re.compile(r"[A-Za-z0-9_.,:@/+-]*")
 RANK_OWN = (
     "NODE_RANK",
     "GROUP_RANK",
@@ -184,15 +185,11 @@ RANK_OWN = (
 
 
 def rank_variables(specs: Sequence[LaunchSpec]) -> dict[str, str]:
-    """DTRAIN_RANK_<r>: rank r's own variables from dtrain's plan, as NAME=VALUE words for the
-    shim (values of host names, GPU ids and NICs: no spaces or quotes)."""
+    """DTRAIN_RANK_<r>: rank r's own variables from dtrain's plan, as NAME='VALUE' words for
+    the shim's eval (each value quoted for sh: it arrives whole, whatever it holds)."""
     found = {}
     for spec in specs:
-        words = [
-            f"{name}={spec.env[name]}"
-            for name in RANK_OWN
-            if name in spec.env and SAFE_VALUE.fullmatch(spec.env[name])
-        ]
+        words = [f"{name}={shlex.quote(spec.env[name])}" for name in RANK_OWN if name in spec.env]
         if words:
             found[f"DTRAIN_RANK_{spec.rank}"] = " ".join(words)
     return found

@@ -48,6 +48,8 @@ class RankReport:
     stream: Stream
     role: str = "worker"
     cause: str | None = None  # what the launcher knows beyond the status (a lost host)
+    error: str | None = None  # what torch's @record wrote (TORCHELASTIC_ERROR_FILE): "T: msg"
+    error_at: str | None = None  # ...and where it was raised: "train.py:12 in main"
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class JobResult:
     lost_hosts: frozenset[str] = frozenset()  # ...of which lost: their ranks may still run
     timeout: str | None = None  # a time limit stopped the job: why (exit code 124)
     rescale: str | None = None  # the discovery script's hosts changed: why (restarts at once)
+    incomplete: str | None = None  # whose output may be incomplete, and why (not a success)
 
 
 class OutputSink(Protocol):

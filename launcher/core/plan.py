@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from launcher.base.errors import PlanError
+from launcher.core.config import BindTo, MapBy, PerNode
 from launcher.core.hosts import Host
 
-MapBy = Literal["slot", "node"]
-PerNode = Literal["auto", "gpu", "cpu"]  # --nproc-per-node by what each host has
-BindTo = Literal["none", "core", "socket"]
 Cpu = tuple[int, int]  # (cpu id, its package: the socket)
 
 

@@ -21,6 +21,7 @@ from launcher.core.env import (
     build_ps_tf_configs,
     build_tf_configs,
 )
+from launcher.core.errorfile import error_file_name
 from launcher.core.plan import Cpu, Plan, Rank
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, shown by dry runs of remote jobs
@@ -69,6 +70,7 @@ def build_job_specs(
     attempt: int = 0,
     avoid_ports: Collection[int] = (),
     checkpoint_dir: str | None = None,
+    job_path: str | None = None,
 ) -> list[LaunchSpec]:
     """One spec per rank: argv, working directory and the environment dtrain sets.
 
@@ -77,6 +79,8 @@ def build_job_specs(
     dtrain's NIC guesses).  A Python script COMMAND (``site.python_script``) runs
     with each host's interpreter (``site.pythons``, or ``--python``).  A restart's
     ``attempt`` (from 1) avoids the rendezvous ports of the attempts before it.
+    ``job_path``: the job directory, where each rank on this machine gets its own
+    ``TORCHELASTIC_ERROR_FILE`` (not under ``--mpi``: mpirun shares one environment).
     """
     ports = PortPool(site, avoid_ports)
     rank0 = plan.ranks[0].host.name
@@ -105,6 +109,7 @@ def build_job_specs(
         nodes=len({r.host.name for r in plan.ranks}),
         restart_count=attempt,
         max_restarts=config.max_restarts,
+        error_files=error_files(plan, site, job_path) if config.mpi is None else {},
     )
     return build_launch_specs(
         plan,
@@ -114,6 +119,18 @@ def build_job_specs(
         env_unset=PROXY_VARIABLES if config.tf_ps else (),
         argv_for=rank_argv(config, site, server),
     )
+
+
+def error_files(plan: Plan, site: Site, job_path: str | None) -> dict[int, str]:
+    """Each rank's error file in the job directory, for the ranks on this machine (the job
+    directory is here: on another host torch could not write it, and would fail trying)."""
+    if job_path is None:
+        return {}
+    return {
+        r.rank: f"{job_path.rstrip('/')}/{error_file_name(r.rank)}"
+        for r in plan.ranks
+        if site.local.get(r.host.name, False)
+    }
 
 
 def rank_argv(

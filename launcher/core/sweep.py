@@ -306,23 +306,31 @@ class SlotPool:
         return [n for n in range(self.hosts[index].slots) if (index, n) not in self.busy]
 
     def take(self, count: int) -> Placement | None:
-        """``count`` free slots: all on the first host that has them, else the first free
-        ones host by host; None when fewer are free (the trial waits)."""
+        """``count`` free slots: all on one host, the least loaded that has them (trials
+        spread over the hosts, as a sweep's user expects: one per host before two on one),
+        else the least loaded hosts' free slots; None when fewer are free (the trial
+        waits)."""
         free = {i: self.free_on(i) for i in range(len(self.hosts))}
         if sum(len(numbers) for numbers in free.values()) < count:
             return None
-        whole = next((i for i, numbers in free.items() if len(numbers) >= count), None)
+        order = sorted(free, key=lambda i: (self.load(i), -len(free[i]), i))
+        whole = next((i for i in order if len(free[i]) >= count), None)
         if whole is not None:
             chosen = [(whole, tuple(free[whole][:count]))]
         else:
             chosen, left = [], count
-            for i, numbers in free.items():
-                if numbers and left:
-                    chosen.append((i, tuple(numbers[:left])))
+            for i in order:
+                if free[i] and left:
+                    chosen.append((i, tuple(free[i][:left])))
                     left -= len(chosen[-1][1])
-        placement = Placement(tuple(chosen))
+        placement = Placement(tuple(sorted(chosen)))  # its ranks in host order
         self.busy.update((i, n) for i, numbers in placement.slots for n in numbers)
         return placement
+
+    def load(self, index: int) -> float:
+        """How busy a host is: the share of its slots taken."""
+        taken = sum(1 for host, _ in self.busy if host == index)
+        return taken / max(self.hosts[index].slots, 1)
 
     def give_back(self, placement: Placement) -> None:
         self.busy.difference_update((i, n) for i, numbers in placement.slots for n in numbers)

@@ -46,17 +46,17 @@ from launcher.core.policy import (
     failed_hosts,
     start_state,
 )
+from launcher.loop.drain import QUIET_S, DrainCut, drain_streams, judge_output
 from launcher.loop.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
 from launcher.streams.outlets import Fanout, Outlet
 from launcher.transport.base import Process, Transport
 
-__all__ = ["Signalled", "Supervisor", "caught_signals"]
+__all__ = ["Supervisor", "caught_signals"]
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for exits we may never see
 SETTLE_EXTRA_S = 2.0  # beyond the grace, for the watchdogs to exit once the ranks did
 SETTLE_POLL_S = (0.001, 0.05)  # the first and the longest pause between looks at them
 HANG_STACKS_S = 25.0  # how long taking the stacks of a hung job may take
-DRAIN_S = 2.0  # after the last exit, how long output may still trickle in
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -95,6 +95,14 @@ class TimeLimits:
 
 
 RESTART_COUNTS = ("DTRAIN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+StackDumps = dict[int, tuple[str, dict[str, Any]]]  # rank -> (host, its stacks or an error)
+
+
+@dataclass(frozen=True)
+class StacksTaken:
+    """The stacks of a hung job, taken off the loop (they may take ``HANG_STACKS_S``)."""
+
+    dumps: StackDumps
 
 
 def no_stacks(error: BaseException) -> dict[str, Any]:
@@ -139,17 +147,20 @@ class Supervisor:
         self.append_output = append_output  # a restart: --output-dir keeps the earlier attempts
         self.began = self.clock.now()
         self.quiet_since: float | None = None  # a hang already reported: silence counts anew
+        self.dumping = False  # a hang's stacks are being taken (on a thread of their own)
         # The ranks' messages, and a change of hosts from the discovery script's thread.
-        self.events: queue.SimpleQueue[Message | HostsChanged] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[Message | HostsChanged | StacksTaken] = queue.SimpleQueue()
         self.runs: dict[int, RankRun] = {}  # the current run of each rank
         self.retired: list[RankRun] = []  # earlier runs of restarted ranks
         self.open_streams = 0  # of every run, retired ones included
         self.stop_requested = False
         self.killed = False
         self.stopped: set[int] = set()  # ranks this supervisor had to signal
+        self.signalled_at: dict[int, float] = {}  # ...when first (wall clock, as exit times)
         self.sigkilled: set[int] = set()  # ...and those it had to SIGKILL
         self.unsettled: set[int] = set()  # ranks whose watchdog had not exited at the end
         self.kill_cause: str | None = None  # why SIGKILL: the grace ran out, a second signal
+        self.drain_cut: DrainCut | None = None  # streams the drain stopped waiting for
 
     # -- the loop ---------------------------------------------------------
 
@@ -176,20 +187,23 @@ class Supervisor:
             )
             for rank, r in self.runs.items()
         ]
+        runs = [*self.retired, *self.runs.values()]
+        incomplete, exit_code = judge_output(runs, self.drain_cut, state.exit_code)
         return JobResult(
-            exit_code=state.exit_code,
+            exit_code=exit_code,
             world_size=len(self.specs),
             elapsed_s=self.clock.now() - started,
             failure=self.report(state.failure.rank) if state.failure else None,
             interrupt=state.interrupt,
             statuses={r: run.status for r, run in self.runs.items()},
-            stopped=len(self.stopped),
-            sigkilled=len(self.sigkilled),
+            stopped=len(self.stopped_by_us()),
+            sigkilled=len(self.sigkilled & self.stopped_by_us()),
             kill_cause=self.kill_cause,
             timeout=state.timeout,
             rescale=state.rescale,
             failed_hosts=failed_hosts(ends),
             lost_hosts=frozenset(end.host for end in ends if end.lost),
+            incomplete=incomplete,
         )
 
     def on_signal(self, signum: int) -> None:
@@ -206,6 +220,10 @@ class Supervisor:
             watch = None if state.stopping else self.next_check()
             wake = min((t for t in (deadline, watch) if t is not None), default=None)
             event = self.next_event(wake)
+            if isinstance(event, StacksTaken):
+                event = self.hang_found(event.dumps, state)
+                if event is None:
+                    continue
             if event is None and deadline is not None and self.clock.now() >= deadline:
                 if state.killing:
                     return state  # SIGKILLed ranks that never reported back: give up on them
@@ -265,17 +283,19 @@ class Supervisor:
             times.append(self.began + limits.total_s)
         if limits.start_s is not None and not all(r.started for r in self.runs.values()):
             times.append(self.began + limits.start_s)
-        if limits.hang_s is not None:
+        if limits.hang_s is not None and not self.dumping:
             times.append(self.last_heard() + limits.hang_s)
         return min(times, default=None)
 
     def last_heard(self) -> float:
         """When any running rank last printed (or the job started, or a hang was reported)."""
-        running = [run.last_output for run in self.runs.values() if run.running]
+        now = self.clock.now()  # a rank that dtrain's own outlets hold back is not silent
+        running = [run.heard(now) for run in self.runs.values() if run.running]
         return max([self.began, *running, *([self.quiet_since] if self.quiet_since else [])])
 
     def check_limits(self) -> Event | None:
-        """A time limit that ran out, as the policy's event; a hang first dumps the stacks."""
+        """A time limit that ran out, as the policy's event; a hang starts taking the stacks
+        (``hang_found`` goes on once they came: the loop never waits on them)."""
         now, limits = self.clock.now(), self.limits
         if limits.total_s is not None and now - self.began >= limits.total_s:
             given = limits.timeout_s if limits.timeout_s is not None else limits.total_s
@@ -292,17 +312,40 @@ class Supervisor:
                 f"rank(s) {rank_set(late)} on {', '.join(hosts)} had not started after "
                 f"{limits.start_s:g} s (--start-timeout)"
             )
-        if limits.hang_s is not None and now - self.last_heard() >= limits.hang_s:
+        hung = limits.hang_s is not None and now - self.last_heard() >= limits.hang_s
+        if hung and not self.dumping:
             LOG.debug("no output for %g s: taking every rank's stack", limits.hang_s)
-            where = limits.on_hang(self.dump_stacks(HANG_STACKS_S)) if limits.on_hang else ""
-            self.quiet_since = self.clock.now()
-            if limits.fail_on_hang:
-                return TimedOut(
-                    f"no output from any rank for {limits.hang_s:g} s (--hang-timeout){where}"
-                )
+            self.dumping = True
+            threading.Thread(
+                target=self.take_hang_stacks, name="dtrain-stacks", daemon=True
+            ).start()
         return None
 
-    def next_event(self, deadline: float | None) -> Event | None:
+    def take_hang_stacks(self) -> None:
+        """On its own thread: every rank's stacks, posted to the loop's inbox."""
+        try:
+            dumps = self.dump_stacks(HANG_STACKS_S)
+        except Exception as exc:  # the hang is still reported, without the stacks
+            LOG.debug("cannot take the stacks: %r", exc)
+            dumps = {}
+        self.events.put(StacksTaken(dumps))
+
+    def hang_found(self, dumps: StackDumps, state: JobState) -> Event | None:
+        """The stacks of a hang came: shown, then the hang's end of the job (unless --on-hang
+        dump, or the job is ending already: a Ctrl-C or an exit came meanwhile)."""
+        self.dumping = False
+        self.quiet_since = self.clock.now()  # the next hang is a new silence
+        limits = self.limits
+        if state.stopping or limits.hang_s is None:
+            return None
+        where = limits.on_hang(dumps) if limits.on_hang else ""
+        if limits.fail_on_hang:
+            return TimedOut(
+                f"no output from any rank for {limits.hang_s:g} s (--hang-timeout){where}"
+            )
+        return None
+
+    def next_event(self, deadline: float | None) -> Event | StacksTaken | None:
         """Handle queued output until an event for the policy arrives (None: the deadline)."""
         while True:
             timeout = None if deadline is None else deadline - self.clock.now()
@@ -315,12 +358,12 @@ class Supervisor:
             if event is not None:
                 return event
 
-    def handle(self, message: Message | HostsChanged) -> Event | None:
+    def handle(self, message: Message | HostsChanged | StacksTaken) -> Event | StacksTaken | None:
         """Count closed streams; exits and signals become policy events."""
         if isinstance(message, Signalled):
             LOG.debug("got %s", signal.Signals(message.signum).name)
             return Interrupted(message.signum)
-        if isinstance(message, HostsChanged):
+        if isinstance(message, HostsChanged | StacksTaken):
             return message
         run = message.run
         if isinstance(message, StreamEnd):
@@ -330,6 +373,9 @@ class Supervisor:
         if isinstance(message, Started):
             run.started = True
             run.state = replace(run.state, pid=run.process.pid)
+            LOG.debug(
+                "rank %d started on %s (pid %s)", run.spec.rank, run.spec.host.name, run.process.pid
+            )
             self.output.post_state(run.state)
             return None
         self.record_exit(message)
@@ -346,31 +392,23 @@ class Supervisor:
             status=message.status,
             ended=message.time,
             pid=run.process.pid,
-            stopped=run.spec.rank in self.stopped,
         )
+        run.state = replace(run.state, stopped=self.ended_by_us(run.spec.rank, message.status))
 
     def drain(self) -> None:
-        """Let the readers hand on what the ranks wrote before they exited.
-
-        Waits up to ``DRAIN_S`` for streams to close (a process that escaped
-        everything may hold one open); what was read is in the outlets already.  Every rank
-        has exited: a terminal view may now hold more of their lines than a running job's
-        (``Fanout.let_views_lag``), so that a paused terminal does not keep what the pipes
-        still hold from the job directory, nor lose it.
-        """
-        if not self.running:
-            self.output.let_views_lag()  # readers no longer held back by a paused terminal
-        end = self.clock.now() + DRAIN_S
-        while self.open_streams and self.clock.now() < end:
-            message = self.clock.take(self.events, end - self.clock.now())
-            if message is not None:
-                self.handle(message)
-        while True:
-            try:
-                message = self.events.get_nowait()
-            except queue.Empty:
-                return
-            self.handle(message)
+        """Let the readers hand on every line the ranks wrote: until every stream ended,
+        within bounds (``drain.drain_streams``).  Every rank has exited (or was given up on
+        after SIGKILL): a terminal view may now hold more of their lines than a running
+        job's (``Fanout.let_views_lag``), so that a paused terminal does not keep what is
+        still in flight from the job directory, nor lose it."""
+        self.output.let_views_lag()  # readers no longer held back by a paused terminal
+        self.drain_cut = drain_streams(
+            self.clock,
+            self.events,
+            self.handle,
+            lambda: [*self.retired, *self.runs.values()],
+            self.grace_s + QUIET_S,
+        )
 
     # -- starting and stopping ranks ---------------------------------------
 
@@ -410,7 +448,8 @@ class Supervisor:
         )
         self.runs[spec.rank] = run
         self.open_streams += run.open_streams
-        LOG.debug("rank %d started on %s (pid %s)", spec.rank, spec.host.name, process.pid)
+        if run.started:  # else its pid comes with Started (a remote rank's agent says it)
+            LOG.debug("rank %d started on %s (pid %s)", spec.rank, spec.host.name, process.pid)
         self.output.post_state(state)
         run.watch(self.output_dir, append=self.append_output)
 
@@ -436,6 +475,7 @@ class Supervisor:
             if run.running:
                 run.process.signal(signum)
                 self.stopped.add(rank)
+                self.signalled_at.setdefault(rank, self.clock.wall())
                 if signum == signal.SIGKILL:
                     self.sigkilled.add(rank)
 
@@ -458,7 +498,7 @@ class Supervisor:
         finally:
             self.signal_running(signal.SIGKILL)
 
-    def dump_stacks(self, timeout_s: float) -> dict[int, tuple[str, dict[str, Any]]]:
+    def dump_stacks(self, timeout_s: float) -> StackDumps:
         """Every running rank's Python stacks (py-spy, where each rank runs), in parallel."""
         if self.stacks is not None:
             return self.stacks(timeout_s)
@@ -488,7 +528,7 @@ class Supervisor:
                 "host": run.spec.host.name,
                 "role": run.spec.role,
                 "status": run.status,
-                "silent_s": round(now - run.last_output, 1),
+                "silent_s": round(now - run.heard(now), 1),
                 "last_line": run.last_line.decode("utf-8", "replace")[-200:],
             }
         running = {rank: run for rank, run in list(self.runs.items()) if run.running}
@@ -503,11 +543,24 @@ class Supervisor:
         return rows
 
     def ended_by_us(self, rank: int, status: int | None) -> bool:
-        """Did dtrain's own signal end this rank?  A SIGKILL that dtrain did not send (it had
-        only sent SIGTERM) is not dtrain's: the OOM killer, a dying machine."""
+        """Did dtrain's own signal end this rank?  Not when its exit was known before dtrain
+        signalled it, nor when it exited with a failure of its own (a code other than 0 or
+        128 + the signal) while dtrain was stopping the job, nor by a SIGKILL that dtrain did
+        not send (it had only sent SIGTERM): the OOM killer, a dying machine."""
         if rank not in self.stopped:
             return False
+        ended = self.runs[rank].state.ended
+        if ended is not None and ended < self.signalled_at.get(rank, ended):
+            return False  # it had ended already: the signal found nothing
+        sent = {signal.SIGTERM} | ({signal.SIGKILL} if rank in self.sigkilled else set())
+        if status is not None and status > 0:
+            return status - 128 in sent  # a handler's exit after the signal, as a shell's
         return not (status == -signal.SIGKILL and rank not in self.sigkilled)
+
+    def stopped_by_us(self) -> set[int]:
+        """The ranks dtrain stopped (the summary's count): not those that ended by themselves
+        while it was stopping the job."""
+        return {rank for rank in self.stopped if self.ended_by_us(rank, self.runs[rank].status)}
 
     def settle(self) -> None:
         """Wait until nothing of any rank runs: each watchdog ends what its program left

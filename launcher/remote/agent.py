@@ -38,6 +38,12 @@ STACKS_DUMPED, STATS_TAKEN = 9, 10
 # launcher -> agent
 START, SIGNAL, HEARTBEAT, CREDIT, DUMP_STACKS, TAKE_STATS = 100, 101, 102, 103, 104, 105
 ANSWERS = {DUMP_STACKS: STACKS_DUMPED, TAKE_STATS: STATS_TAKEN}  # questions about a rank
+# A question's payload is its request id (the launcher's); the answer echoes it:
+# {"request": id, "answer": {...}}, so that each asker gets its own answer, and a late one none.
+# --mpi (mpirun, not this agent, starts the ranks): the job's id, to end what is left of it
+# here when the launcher is gone or done; then signals for its ranks (SIGTERM: mpirun lives
+# on to hand on what they print while they stop)
+MPI_JOB, SIGNAL_MPI_JOB = 106, 107
 NO_RUN = 0xFFFFFFFF
 # Written before the first frame: what a login shell's rc files print comes before it and is
 # skipped by the launcher.
@@ -206,11 +212,11 @@ def job_processes(job_id: str) -> dict[int, tuple[int, list[bytes]]]:
     return found
 
 
-def kill_job_processes(job_id: str) -> dict[str, list[int]]:
+def kill_job_processes(job_id: str, deadline_s: float = 5.0) -> dict[str, list[int]]:
     """SIGKILL what is left here of an ``--mpi`` job once mpirun is gone (a rank's child
     that mpirun's daemon did not end), again until nothing is left; the pids killed."""
     killed: list[int] = []
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         left = list(job_processes(job_id))
         if not left:
@@ -226,14 +232,41 @@ def kill_job_processes(job_id: str) -> dict[str, list[int]]:
     return {"killed": killed}
 
 
-def mpi_rank_pids(job_id: str) -> dict[int, int]:
-    """This host's processes of an ``--mpi`` job's ranks: rank -> the topmost process whose
-    environment has the job's DTRAIN_JOB_ID and Open MPI's OMPI_COMM_WORLD_RANK."""
-    found: dict[int, tuple[int, int]] = {}  # pid -> (rank, parent)
+def mpi_rank_processes(job_id: str) -> dict[int, tuple[int, int]]:
+    """This host's processes of an ``--mpi`` job's ranks (the job's DTRAIN_JOB_ID and Open
+    MPI's OMPI_COMM_WORLD_RANK in their environment): pid -> (rank, parent)."""
+    found: dict[int, tuple[int, int]] = {}
     for pid, (parent, variables) in job_processes(job_id).items():
         for variable in variables:
             if variable.startswith(b"OMPI_COMM_WORLD_RANK="):
                 found[pid] = (int(variable.split(b"=", 1)[1]), parent)
+    return found
+
+
+def signal_mpi_ranks(job_id: str, signum: int, signalled: "set[tuple[int, int]]") -> None:
+    """Signal an ``--mpi`` job's ranks here as a watchdog signals its rank: the topmost
+    process of each (its process group, which mpirun's daemon makes it lead), unless
+    ``signalled`` has it with that signal (asked again, only ranks started since are
+    signalled); SIGKILL every process of the ranks.  mpirun (no rank) is left to hand on
+    what they print."""
+    found = mpi_rank_processes(job_id)
+    for pid, (rank, parent) in found.items():
+        top = found.get(parent, (None,))[0] != rank  # its parent is not the same rank's
+        if signum != 9 and (pid, signum) in signalled:
+            continue
+        signalled.add((pid, signum))
+        try:
+            if top and os.getpgid(pid) == pid:
+                os.killpg(pid, signum)
+            elif top or signum == 9:
+                os.kill(pid, signum)
+        except OSError:
+            continue
+
+
+def mpi_rank_pids(job_id: str) -> dict[int, int]:
+    """This host's processes of an ``--mpi`` job's ranks: rank -> the topmost process."""
+    found = mpi_rank_processes(job_id)
     tops: dict[int, int] = {}
     for pid, (rank, parent) in sorted(found.items()):
         if found.get(parent, (None,))[0] != rank:  # its parent is not the same rank's
@@ -347,6 +380,8 @@ class Agent:
         self.lifeline_open = True
         self.heard = time.monotonic()
         self.send_lock = threading.Lock()  # stack dumps answer from their own threads
+        self.mpi_job: str | None = None  # --mpi: the job whose ranks mpirun starts here
+        self.mpi_signalled: set[tuple[int, int]] = set()  # ...(pid, signal) sent already
 
     def send(self, rank: int, kind: int, payload: bytes) -> None:
         data = encode(rank, kind, payload)
@@ -432,12 +467,18 @@ class Agent:
                     self.selector.register(pipe, selectors.EVENT_READ, (rank, kinds))
         elif kind in ANSWERS and rank in self.children:
             pid, hint = self.children[rank].pid, self.config.get("py_spy")
+            request = payload.decode("ascii", "replace")
 
             def answer() -> None:
                 found = dump_stacks(pid, hint) if kind == DUMP_STACKS else take_stats(pid)
-                self.send(rank, ANSWERS[kind], json.dumps(found).encode())
+                reply = {"request": request, "answer": found}
+                self.send(rank, ANSWERS[kind], json.dumps(reply).encode())
 
             threading.Thread(target=answer, daemon=True).start()
+        elif kind == MPI_JOB:
+            self.mpi_job = payload.decode()
+        elif kind == SIGNAL_MPI_JOB and self.mpi_job is not None:
+            signal_mpi_ranks(self.mpi_job, int(payload), self.mpi_signalled)
         elif kind == SIGNAL and rank in self.children:
             child = self.children[rank]
             if child.poll() is None and child.stdin is not None:
@@ -448,7 +489,8 @@ class Agent:
                     pass
 
     def drop_lifeline(self) -> None:
-        """The launcher is gone: every watchdog sees its stdin close and ends its rank."""
+        """The launcher is gone (or done): every watchdog sees its stdin close and ends its
+        rank, and what is left here of an ``--mpi`` job's ranks is killed."""
         self.lifeline_open = False
         self.selector.unregister(0)
         for rank in self.paused:  # nobody will return credit: read on, so ends are seen
@@ -462,6 +504,8 @@ class Agent:
                     child.stdin.close()
                 except OSError:
                     pass
+        if self.mpi_job is not None:
+            kill_job_processes(self.mpi_job)
 
     def pipe_ready(self, pipe: Any, rank: int, kinds: tuple[int, int | None]) -> None:
         try:

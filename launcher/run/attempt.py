@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +25,7 @@ from launcher.base.errors import LauncherError, PlanError
 from launcher.base.log import LOG
 from launcher.core.command import LaunchSpec, describe_specs
 from launcher.core.config import JobConfig
+from launcher.core.errorfile import ERROR_FILE_VARIABLE, ERRORS_FOLDER, parse_error_file
 from launcher.core.outcome import JobResult, OutputSink
 from launcher.core.plan import Plan, bind_cpus
 from launcher.core.policy import AttemptEnd, decide_restart
@@ -50,6 +51,7 @@ from launcher.transport.base import Transport
 
 VIEW_PATIENCE_S = 2.0  # after Ctrl-C/SIGTERM, how long the view may take to show what is left
 SURVEY_POLL_S = 0.05  # a restart's survey: how often a signal to dtrain is looked for
+MAX_ERROR_FILE_BYTES = 1 << 20  # of a rank's error file, read for the summary
 
 
 class Frontend(Protocol):
@@ -207,6 +209,7 @@ class Attempt:
             attempt=self.number,
             avoid_ports=self.avoid_ports,
             checkpoint_dir=self.checkpoint_dir,
+            job_path=str(jobs_root(config.job_dir, self.environ) / self.job_id),
         )
         if config.mpi is not None:
             from launcher.run.mpi import run_mpi  # loaded when needed: most jobs are not MPI
@@ -238,6 +241,7 @@ class Attempt:
         (``launcher``: under --mpi, the one process that starts the ranks)."""
         config = self.config
         job = self.open_job_dir(plan)
+        clear_error_files(job)
         recorder = JobRecorder(job)
         recorder.write_plan(describe_specs(specs, hidden=self.extra.keys()))
         recorder.write_status("running", None)
@@ -247,8 +251,11 @@ class Attempt:
             record_attempt(job, self.number, began)
         if config.standing_cluster:
             self.announce_cluster(job, specs)
+        shown = plan  # the ranks the view counts: a standing cluster's coordinator is not one
+        if config.standing_cluster:
+            shown = Plan(tuple(r for r in plan.ranks if r.role != "chief"))
         view, showing = self.frontend.open_view(
-            self.job_id, plan, remote=remote, attempt=self.number
+            self.job_id, shown, remote=remote, attempt=self.number
         )
         journal: OutputSink = recorder
         if launcher is not None:  # its lines, split back per rank for each sink
@@ -270,6 +277,7 @@ class Attempt:
             result = supervisor.run()
             if launcher is not None:
                 result = launcher.rank_result(result)
+            result = with_raised_error(result, specs)
         except BaseException:
             recorder.finish_error()  # the record says how it ended, whatever happened
             output.give_up_views()
@@ -376,7 +384,8 @@ class Attempt:
 
     def announce_cluster(self, job: JobDir, specs: Sequence[LaunchSpec]) -> None:
         """Tell how a coordinator on this machine joins the standing cluster (and keep it in
-        the job directory, for a detached job)."""
+        the job directory, for a detached job): what is to be pasted or read whole (the
+        cluster, the export, the file) on lines of its own, the rest within 80 columns."""
         tf_config = next(s.env["TF_CONFIG"] for s in specs if s.role == "chief")
         export = f"export TF_CONFIG='{tf_config}' GRPC_FAIL_FAST=use_caller"
         write_json(job.path / "tf_config.json", json.loads(tf_config))
@@ -384,11 +393,13 @@ class Attempt:
             f.write(f"{export}\n".encode())
         cluster = json.dumps(json.loads(tf_config)["cluster"], separators=(",", ":"))
         for line in (
-            f"dtrain: TensorFlow cluster: {cluster}",
+            "dtrain: TensorFlow cluster:",
+            f"    {cluster}",
             "dtrain: run your coordinator (ParameterServerStrategy) on this machine with:",
             f"    {export}",
-            f"dtrain: (also in {job.path / 'coordinator.sh'}); the cluster serves until "
-            f"Ctrl-C or dtrain stop {self.job_id}",
+            "dtrain: or with the same line, kept in the job directory:",
+            f"    . {job.path / 'coordinator.sh'}",
+            "dtrain: the cluster serves until Ctrl-C, or until dtrain stop with its job id:",
         ):
             self.frontend.notice(line)
 
@@ -419,6 +430,34 @@ class Attempt:
             write_json(root / self.job_id / "meta.json", meta)
             return JobDir(root / self.job_id)
         return JobDir.create(root, self.job_id, meta)
+
+
+def clear_error_files(job: JobDir) -> None:
+    """The ranks' error files (``TORCHELASTIC_ERROR_FILE``): a folder for them, and none of
+    an earlier attempt's left to be taken for this one's."""
+    folder = job.path / ERRORS_FOLDER
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for old in folder.glob("rank.*.json"):
+        old.unlink(missing_ok=True)
+
+
+def with_raised_error(result: JobResult, specs: Sequence[LaunchSpec]) -> JobResult:
+    """The result, with what the first failed rank's error file says (torch's ``@record``),
+    when it wrote one."""
+    failure = result.failure
+    spec = next((s for s in specs if failure is not None and s.rank == failure.rank), None)
+    path = spec.env.get(ERROR_FILE_VARIABLE) if spec is not None else None
+    if failure is None or path is None:
+        return result
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            raised = parse_error_file(f.read(MAX_ERROR_FILE_BYTES))
+    except OSError:  # none written: the rank did not use @record, or died by a signal
+        return result
+    if raised is None:
+        return result
+    failure = replace(failure, error=raised.message, error_at=raised.raised_at)
+    return replace(result, failure=failure)
 
 
 def attempt_end(result: JobResult, out_of_time: bool = False) -> AttemptEnd:

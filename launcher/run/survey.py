@@ -265,8 +265,7 @@ def open_connections(
         return dict(srun_connections(hosts, environ))
     from launcher.transport.ssh import connect_all
 
-    LOG.debug("connecting to %d host(s) over ssh", len(hosts))
-    PHASES.info("connecting to %d host(s) over ssh", len(hosts))
+    PHASES.info("connecting to %d host(s) over ssh", len(hosts))  # --verbose shows it too
     return dict(connect_all(hosts, settings, ssh_config))
 
 

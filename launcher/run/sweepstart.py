@@ -18,6 +18,7 @@ from pathlib import Path
 from launcher.base.errors import UsageError
 from launcher.base.jobid import new_job_id
 from launcher.core.config import JobConfig, validate_config
+from launcher.core.env import resolve_env_args
 from launcher.core.hosts import Host
 from launcher.core.sweep import (
     SearchSpace,
@@ -197,6 +198,7 @@ def check_sweep(
             base, Path(), settings.np_per_trial, trial, "check", Path("hosts"), 1, "metrics"
         )
         validate_config(config)
+        resolve_env_args(config.env.exports, (), environ)  # -x: as dtrain run refuses them
     return trials, hosts
 
 

@@ -13,8 +13,16 @@ it.  Rules:
 * every rank's lines come out in the order it wrote them: a line may join a
   group only if that group is newer than the rank's previous line's group;
 * a group comes out when its window closes (or at once when every rank has
-  joined it), so no line waits longer than the window; groups come out in the
-  order they were made;
+  joined it); groups come out in the order they were made, and the time a group
+  shows never goes back (a group that must come after a newer one shows that one's);
+* a line that two ranks or more said (ranks that start a little apart print the
+  same warning a little apart) waits longer for the others while one of them is
+  still expected to say it: a rank that has not, and has said fewer lines on that
+  stream than they had by then (it has not come to that point of its run yet).
+  It waits at most ``HOLD_S`` after the latest rank said it (or a line that came in
+  one batch with it), and ``HOLD_MAX_S`` after the first; lines that stand after it
+  wait with it.  A line one rank said waits its window only: most such lines are
+  that rank's alone (rank 0's log);
 * a flood that nothing shares is not held: once more than ``MAX_HELD`` lines of two
   ranks or more came since a line was last shared, what is held comes out and the
   next lines go straight out as they come (each rank's in its order), until a window
@@ -31,37 +39,21 @@ each rank's lines in order: the property the tests check on random interleavings
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import math
-import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import itemgetter
+
+from launcher.streams.sametext import keys_of, same_text
 
 DEFAULT_WINDOW_S = 0.5
 MAX_HELD = 50_000  # lines held at most: a flood comes out early rather than piling up
 BULK_MOVE_SPAN = 16  # blocks in pending per moved block up to which a move rebuilds the span
 FLOOD_PASS_S = 1.0  # how long a flood that nothing shares goes straight out before a new look
-
-# Log prefixes whose time, pid and thread id vary between ranks (kept: severity, file:line).
-PREFIXES = (
-    # torch/c10: [W1123 08:38:17.186481407 socket.cpp:207]
-    (re.compile(rb"^\[([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ ([^\]\s]+:\d+)\]"), rb"[\1 \2]"),
-    # glog / absl: I0000 00:00:1795423122.942183   23605 port.cc:153]
-    (re.compile(rb"^([IWEF])\d{4} [\d:.]+\s+\d+ ([^\]\s]+:\d+)\]"), rb"\1 \2]"),
-    # Python logging's asctime: 2026-11-23 08:38:17,186 (and ISO 8601 with T)
-    (re.compile(rb"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?"), rb"<time>"),
-)
-
-
-def same_text(line: bytes) -> bytes:
-    """The line with a known log prefix's varying parts taken out: what groups compare."""
-    for pattern, replacement in PREFIXES:
-        line, found = pattern.subn(replacement, line, count=1)
-        if found:
-            break
-    return line
+HOLD_S = 2.0  # a line some ranks said waits for the others this long after the latest of them
+HOLD_MAX_S = 10.0  # and this long after the first at most
 
 
 @dataclass(frozen=True)
@@ -92,6 +84,10 @@ class Block:
     index: dict[bytes, int] | None = None  # key -> its last line (made at the first join)
     shown: int = 0  # lines before this one were let out (every rank had said them)
     done: bool = False
+    # For the ranks that have not said its lines yet: the most lines on the stream that a
+    # rank saying them had said by then, and when another rank last joined them.
+    reach: int = 0
+    heard: float = -math.inf
 
     def at(self, i: int) -> float:
         return self.serial + i * self.step
@@ -113,19 +109,23 @@ class Block:
             self.index = dict(zip(self.keys, range(len(self.keys)), strict=True))
         return self.index[key]
 
-    def items(self, start: int, end: int) -> list[Collapsed]:
-        """Lines ``start:end`` as shown: runs of this rank's own lines, and each joined line
-        with its ranks, in order."""
+    def items(self, start: int, end: int, time: float) -> list[Collapsed]:
+        """Lines ``start:end`` as shown (at ``time``): runs of this rank's own lines, and each
+        joined line with its ranks, in order."""
         out, own = [], (self.rank,)
         for i in sorted(i for i in self.joined if start <= i < end):
             if start < i:
-                out.append(Collapsed(own, self.stream, tuple(self.lines[start:i]), self.first))
+                out.append(Collapsed(own, self.stream, tuple(self.lines[start:i]), time))
             ranks = tuple(sorted(self.joined[i]))
-            out.append(Collapsed(ranks, self.stream, (self.lines[i],), self.first))
+            out.append(Collapsed(ranks, self.stream, (self.lines[i],), time))
             start = i + 1
         if start < end:
-            out.append(Collapsed(own, self.stream, tuple(self.lines[start:end]), self.first))
+            out.append(Collapsed(own, self.stream, tuple(self.lines[start:end]), time))
         return out
+
+    def waits_until(self) -> float:
+        """How long a line of it that some ranks said waits for the others at most."""
+        return min(self.heard + HOLD_S, self.first + HOLD_MAX_S)
 
 
 @dataclass
@@ -137,6 +137,7 @@ class Track:
     last: float = -math.inf
     anchor: float = -math.inf
     free: list[Block] = field(default_factory=list)
+    count: int = 0  # lines the rank said on the stream so far
 
 
 class Collapser:
@@ -150,7 +151,9 @@ class Collapser:
     matches is held whole as one ``Block`` at the end, with C-speed work per line only (its
     keys into a dict).  That work still takes a third of the launcher's time in a flood of
     distinct lines (the collapse-cost benchmark), so a flood that nothing shares skips it:
-    its lines pass straight out (see the module's rules).
+    its lines pass straight out (see the module's rules).  A line that some ranks said may
+    wait for the others (``waiting``, by position): what the windows closed comes out only
+    up to the first line still waiting.
     """
 
     def __init__(
@@ -168,7 +171,15 @@ class Collapser:
         self.open: dict[str, tuple[dict[bytes, Block], dict[bytes, Block]]] = {}
         self.put = 0  # keys put in the young generations since they were made
         self.tracks: dict[tuple[int, str], Track] = {}
+        self.speakers: dict[str, dict[int, Track]] = {}  # stream -> rank -> its track
         self.top = 0.0  # the next position at the end
+        # Lines some ranks said, waiting for the others, by position (a heap; a line's
+        # position never changes once another rank joined it): those of blocks whose window
+        # closed, and those that a second rank said after that (held back by another).
+        self.waiting: list[tuple[float, int, Block, int]] = []  # position, ticket, line
+        self.tickets = itertools.count()  # orders waits at one position
+        self.cut = -math.inf  # the windows closed let out lines up to here (unless waiting)
+        self.shown_time = -math.inf  # the time of the latest group let out
         # A flood that nothing shares: lines taken so far, and at the last shared line; the
         # ranks that spoke since (rank -> ``added`` after its latest lines).
         self.added = 0
@@ -187,18 +198,24 @@ class Collapser:
     def add_lines(self, rank: int, stream: str, lines: list[bytes], now: float) -> list[Collapsed]:
         """A batch of one rank's lines; returns what is due now (a group every rank has
         joined, windows closed, or the oldest lines when too many are held)."""
+        track = self.tracks.get((rank, stream)) or self.new_track(rank, stream)
+        track.count += len(lines)
         if self.passing_until is not None and self.is_passing(self.passing_until, len(lines), now):
-            return [Collapsed((rank,), stream, tuple(lines), now)]
+            return [Collapsed((rank,), stream, tuple(lines), max(now, self.shown_time))]
         self.added += len(lines)
         self.spoke[rank] = self.added
         keys = keys_of(lines)
         young, old = self.open.get(stream) or self.open.setdefault(stream, ({}, {}))
-        track = self.tracks.get((rank, stream)) or self.tracks.setdefault((rank, stream), Track())
         if young.keys().isdisjoint(keys) and old.keys().isdisjoint(keys):
             self.hold_at_end(rank, stream, lines, keys, now, track)
         else:
             self.join_lines(rank, stream, lines, keys, now, track)
         return self.due(now)
+
+    def new_track(self, rank: int, stream: str) -> Track:
+        track = self.tracks[rank, stream] = Track()
+        self.speakers.setdefault(stream, {})[rank] = track
+        return track
 
     def join_lines(
         self,
@@ -238,7 +255,7 @@ class Collapser:
                 run_lines, run_keys = [lines[j] for j in run], [keys[j] for j in run]
                 self.place(rank, stream, run_lines, run_keys, now, position)
                 run = []
-            self.join(rank, block, i, track)
+            self.join(rank, block, i, track, now)
         if run:
             self.hold_at_end(
                 rank, stream, [lines[j] for j in run], [keys[j] for j in run], now, track
@@ -306,12 +323,17 @@ class Collapser:
         else:  # not where its position says: never seen, but a scan still finds it
             pending.remove(block)
 
-    def join(self, rank: int, block: Block, i: int, track: Track) -> None:
+    def join(self, rank: int, block: Block, i: int, track: Track, now: float) -> None:
         ranks = block.joined.get(i)
         if ranks is None:
             block.joined[i] = [block.rank, rank]
+            if self.world_size > 2 and block.at(i) <= self.cut:  # held back already
+                heapq.heappush(self.waiting, (block.at(i), next(self.tickets), block, i))
         else:
             ranks.append(rank)
+        block.heard = now
+        if block.reach < track.count:
+            block.reach = track.count
         block.joins_left -= 1
         self.shared_at = self.added
         track.last = track.anchor = block.serial + i * block.step
@@ -338,7 +360,7 @@ class Collapser:
         track = self.tracks[rank, stream]
         room = spacing(track.last, before, len(lines))
         assert room is not None  # make_room checked it
-        block = Block(rank, stream, lines, keys, now, *room)
+        block = Block(rank, stream, lines, keys, now, *room, reach=track.count)
         self.hold(block)
         track.last = block.at(len(lines) - 1)
         young = self.open[stream][0]
@@ -356,7 +378,9 @@ class Collapser:
         now: float,
         track: Track,
     ) -> None:
-        block = Block(rank, stream, lines, keys, now, max(self.top, track.last + 1))
+        block = Block(
+            rank, stream, lines, keys, now, max(self.top, track.last + 1), reach=track.count
+        )
         self.top = block.at(len(lines) - 1) + 1
         track.last = self.top - 1
         if track.free and track.free[0].done:  # let out: no longer free, and no longer kept
@@ -366,7 +390,7 @@ class Collapser:
         if self.put >= self.max_held:  # a new generation (every stream's: they share ``put``)
             self.open = {name: ({}, young) for name, (young, _) in self.open.items()}
             self.put = 0
-        self.open[stream][0].update(zip(keys, repeat(block)))
+        self.open[stream][0].update(zip(keys, itertools.repeat(block)))
         self.put += len(keys)
 
     def hold(self, block: Block) -> None:
@@ -380,16 +404,20 @@ class Collapser:
 
     def due(self, now: float) -> list[Collapsed]:
         """What is due, in the order of positions: every line up to the last line of each
-        block whose window closed; the oldest too while more than ``max_held`` lines wait
-        (a flood comes out early), or all of them when nothing of the flood is shared (it
-        passes from now on); then the next lines that every rank has said."""
-        cut = -math.inf
+        block whose window closed, up to the first line still waiting for other ranks;
+        the oldest too while more than ``max_held`` lines wait (a flood comes out early),
+        or all of them when nothing of the flood is shared (it passes from now on); then
+        the next lines that every rank has said."""
+        cut = self.cut
         arrivals = self.arrivals
         while arrivals and (arrivals[0].done or arrivals[0].first + self.window_s <= now):
             block = arrivals.popleft()
             if not block.done:
                 cut = max(cut, block.at(len(block.lines) - 1))
-        out = self.emit_upto(cut)
+                if block.joined and self.world_size > 2:
+                    self.wait_for_others(block)
+        self.cut = cut
+        out = self.emit_upto(self.held_back(cut, now) if self.waiting else cut)
         if self.held > self.max_held and self.is_unshared_flood():
             self.passing_until = now + FLOOD_PASS_S
             self.counted_since, self.counted = now, 0
@@ -399,7 +427,48 @@ class Collapser:
         while self.held > self.max_held:
             head = self.pending[0]
             out += self.emit_upto(head.at(len(head.lines) - 1))
-        return out + self.emit_said_by_all()
+        out += self.emit_said_by_all()
+        waiting = self.waiting
+        while waiting and waiting[0][2].shown > waiting[0][3]:
+            # What held back the lines whose window closed was let out (every rank said it,
+            # or a flood): they follow now.
+            out += self.emit_upto(self.held_back(self.cut, now)) + self.emit_said_by_all()
+        return out
+
+    def wait_for_others(self, block: Block) -> None:
+        """Its window closed: its lines that some ranks said but not all may wait for the
+        others.  (Only now: most shared lines are said by every rank within the window,
+        and a heap entry for each would cost a flood of identical lines a quarter more.)"""
+        for i, said in block.joined.items():
+            if i >= block.shown and len(said) < self.world_size:
+                heapq.heappush(self.waiting, (block.at(i), next(self.tickets), block, i))
+
+    def held_back(self, cut: float, now: float) -> float:
+        """Where the lines up to ``cut`` stop: just before the first one still waiting for
+        other ranks (the waits before it, let out or over, go)."""
+        waiting = self.waiting
+        while waiting:
+            position, _, block, line = waiting[0]
+            if block.shown <= line:  # still held
+                if position > cut:
+                    break
+                if self.awaits(block, line, now):
+                    return math.nextafter(position, -math.inf)
+            heapq.heappop(waiting)
+        return cut
+
+    def awaits(self, block: Block, line: int, now: float) -> bool:
+        """Is a rank that has not said the line still expected to, within the bound?  One is
+        while it has said fewer lines on the stream than the ranks that said it had by then
+        (it has not come to that point of its run yet; a rank silent on the stream neither)."""
+        said = block.joined[line]
+        if len(said) >= self.world_size or now >= block.waits_until():
+            return False
+        speakers = self.speakers[block.stream]
+        if len(speakers) < self.world_size:
+            return True
+        have = set(said)
+        return any(t.count < block.reach for rank, t in speakers.items() if rank not in have)
 
     def is_unshared_flood(self) -> bool:
         """More than max_held lines since a line was last shared, of two ranks or more (a
@@ -459,7 +528,8 @@ class Collapser:
     def let_out(self, block: Block, end: int) -> list[Collapsed]:
         """The block's lines up to ``end`` (it was taken out of ``pending``: what is left of
         it goes back in at its next line's position)."""
-        out = block.items(block.shown, end)
+        self.shown_time = max(self.shown_time, block.first)
+        out = block.items(block.shown, end, self.shown_time)
         self.held -= end - block.shown
         block.shown = end
         if end == len(block.lines):
@@ -472,17 +542,23 @@ class Collapser:
         """Everything still held (the job ended)."""
         out = self.emit_upto(math.inf)
         self.arrivals.clear()
+        self.waiting.clear()
+        self.cut = -math.inf
         return out
 
     def next_due(self) -> float | None:
-        """When the oldest block's window closes (None: nothing held)."""
+        """When the oldest block's window closes, or the line that holds back those whose
+        window closed stops waiting (None: nothing held)."""
         while self.arrivals and self.arrivals[0].done:
             self.arrivals.popleft()
-        return self.arrivals[0].first + self.window_s if self.arrivals else None
-
-
-HEADS = itemgetter(slice(0, 1))
-PREFIX_STARTS = b"[IWEF0123456789"  # the first bytes of the prefixes ``same_text`` knows
+        due = self.arrivals[0].first + self.window_s if self.arrivals else None
+        waiting = self.waiting
+        while waiting and waiting[0][2].shown > waiting[0][3]:  # let out
+            heapq.heappop(waiting)
+        if waiting and waiting[0][0] <= self.cut:
+            until = waiting[0][2].waits_until()
+            due = until if due is None else min(due, until)
+        return due
 
 
 def next_position(block: Block) -> float:
@@ -501,14 +577,6 @@ def spacing(after: float, before: float, count: int) -> tuple[float, float] | No
     if count and not (after < after + step and after + count * step < before):
         return None
     return after + step, step
-
-
-def keys_of(lines: list[bytes]) -> list[bytes]:
-    """Each line's ``same_text``; at C speed when no line can start with a known prefix."""
-    heads = b"".join(map(HEADS, lines))
-    if len(heads.translate(None, PREFIX_STARTS)) == len(heads):
-        return lines
-    return [same_text(line) if line[:1] and line[0] in PREFIX_STARTS else line for line in lines]
 
 
 def expand(items: Sequence[Collapsed]) -> dict[int, list[tuple[str, bytes]]]:

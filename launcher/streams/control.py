@@ -21,15 +21,21 @@ from launcher.base.errors import UsageError
 
 SOCKET_NAME = "control.sock"
 MAX_REQUEST_BYTES = 1 << 16
+CLIENT_TIMEOUT_S = 10.0  # a client silent this long (sending or reading) is dropped
 Handler = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
 class ControlServer:
-    """Answers requests on ``path`` until closed (one at a time, each in this thread)."""
+    """Answers requests on ``path`` until closed: each client on a thread of its own, dropped
+    once silent for ``client_timeout_s`` (a client that connects and says nothing, or reads
+    nothing, holds up no other; ``dtrain stacks`` and ``dtrain top`` may ask at once)."""
 
-    def __init__(self, path: Path, handler: Handler) -> None:
+    def __init__(
+        self, path: Path, handler: Handler, client_timeout_s: float = CLIENT_TIMEOUT_S
+    ) -> None:
         self.path = path
         self.handler = handler
+        self.client_timeout_s = client_timeout_s
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             path.unlink(missing_ok=True)
@@ -48,11 +54,17 @@ class ControlServer:
                 client, _ = self.server.accept()
             except OSError:
                 return  # closed
-            with client:
-                try:
-                    self.answer(client)
-                except (OSError, ValueError):
-                    pass  # a client that went away or sent garbage
+            threading.Thread(
+                target=self.serve_client, args=(client,), name="dtrain-control", daemon=True
+            ).start()
+
+    def serve_client(self, client: socket.socket) -> None:
+        with client:
+            client.settimeout(self.client_timeout_s)  # (the handler's own time is not bound)
+            try:
+                self.answer(client)
+            except (OSError, ValueError):
+                pass  # a client that went away, fell silent (a timeout) or sent garbage
 
     def answer(self, client: socket.socket) -> None:
         data = b""

@@ -2,12 +2,17 @@
 
 Each sink (the job directory, the terminal view) is an ``Outlet``: a queue
 bounded per rank and a writer thread of its own that hands the queue's items
-to the sink in order.  A rank's reader that finds its share of a queue full
-waits (back-pressure: the rank's pipe fills, and the rank waits on its
-writes), unless the outlet is lossy (``--lossy-view``), which then drops the
-lines and counts them.  The supervisor's loop only posts rank states, which
-never wait.  A sink that raises (a broken pipe, a view's bug) is abandoned:
-the job goes on without it, and nothing waits on it again.
+to the sink in order.  Posting never waits: a reader that serves many ranks
+(one thread reads every local rank's pipes, one feeds every remote rank's
+chunks) must not stop for one of them.  Once a rank's share of a queue is full
+(``Fanout.when_room`` says so), its reader stops reading that rank (its pipe
+fills and the rank waits on its writes; over SSH its agent gets no credit)
+until the writer has taken half of the share, and goes on with the other
+ranks meanwhile: back-pressure slows that rank alone and loses nothing.  A
+lossy outlet (``--lossy-view``) never holds a rank back: it drops the lines
+that do not fit and counts them.  The supervisor's loop only posts rank
+states.  A sink that raises (a broken pipe, a view's bug) is abandoned: the
+job goes on without it, and nothing waits on it again.
 
 Each batch is stamped with the time it was posted: a sink that holds lines for a while
 (the collapsing view) times its window on when lines came, not on when its writer got to
@@ -30,9 +35,9 @@ if TYPE_CHECKING:
     from launcher.core.command import LaunchSpec
 
 RANK_BUFFER_BYTES = 1 << 20  # per rank and outlet: what may wait for a slow sink
-ENDED_RANK_BUFFER_BYTES = 4 << 20  # per rank, once ranks ended: what their pipes still held
 FINISH_POLL_S = 0.1  # how often a finishing wait looks for a signal
 LINE_OVERHEAD_BYTES = 64  # a line's cost beyond its text (list slot, bytes object)
+RESUME_FRACTION = 0.5  # a rank held back is read again once its share is this empty
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Lines:
 
 
 Item = Lines | RankState
+Key = tuple[int, str | None]  # a rank's share of a queue: its number and label (mpirun's)
 
 
 class Tick:
@@ -83,43 +89,66 @@ class OutputQueue:
         lossy: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.limit_bytes = limit_bytes
+        self.limit_bytes: float = limit_bytes  # (no limit once every rank ended: ``let_lag``)
         self.lossy = lossy
         self.clock = clock  # stamps the batches; deadlines of ``take`` are on it too
         self.ready = threading.Condition()
         self.items: deque[Item] = deque()
-        self.pending: dict[tuple[int, str | None], int] = {}  # bytes queued per rank
+        self.pending: dict[Key, int] = {}  # bytes queued per rank
+        self.waiting: dict[Key, list[Callable[[], None]]] = {}  # readers held back, per rank
         self.dropped = 0  # lines a lossy queue let go since the last report
         self.closed = False  # no more items will come
         self.done = False  # the writer took the last item: later lines are not queued
         self.abandoned = False  # the sink is gone: take nothing more
 
     def put_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> bool:
-        """Queue a rank's lines; wait while that rank's share is full (or drop, if lossy).
-        False: the writer is done (closed and emptied), the lines were not taken."""
+        """Queue a rank's lines, without waiting: its reader asks ``when_room`` after (a
+        lossy queue drops what does not fit, and counts it).  False: the writer is done
+        (closed and emptied), the lines were not taken."""
         size = sum(len(line) for line in lines) + LINE_OVERHEAD_BYTES * len(lines)
         key = (spec.rank, spec.label)
         with self.ready:
-            while not self.abandoned and not self.done and self.is_full(key, size):
-                if self.lossy:
-                    self.dropped += len(lines)
-                    return True
-                self.ready.wait()
             if self.abandoned:
                 return True
             if self.done:
                 return False
+            if self.lossy and self.is_full(key, size):
+                self.dropped += len(lines)
+                return True
             # Stamped under the lock: the stamps grow in the queue's order.
             self.items.append(Lines(spec, stream, lines, size, self.clock()))
             self.pending[key] = self.pending.get(key, 0) + size
             self.ready.notify_all()
             return True
 
-    def is_full(self, key: tuple[int, str | None], size: int) -> bool:
-        """No room for ``size`` more bytes of this rank (a batch larger than the limit
-        still passes alone: a rank never waits forever)."""
+    def is_full(self, key: Key, size: int) -> bool:
+        """No room for ``size`` more bytes of this rank (a lossy queue's test: a batch
+        larger than the limit still passes alone)."""
         queued = self.pending.get(key, 0)
         return queued > 0 and queued + size > self.limit_bytes
+
+    def when_room(self, key: Key, on_room: Callable[[], None]) -> bool:
+        """True: this rank's share has room (``on_room`` is not kept).  False: it is full;
+        ``on_room`` is called once, from the writer's thread, when half of it is free again
+        (or when the queue no longer holds anyone back: more room, done, abandoned)."""
+        with self.ready:
+            if self.lossy or self.done or self.abandoned:
+                return True
+            if self.pending.get(key, 0) < self.limit_bytes:
+                return True
+            self.waiting.setdefault(key, []).append(on_room)
+            return False
+
+    def freed(self, key: Key | None = None) -> list[Callable[[], None]]:
+        """Under the lock: the callbacks of ranks that have room again (of ``key`` only, or
+        of all), taken from the waiting list; to be called once the lock is released."""
+        keys = list(self.waiting) if key is None else [key] if key in self.waiting else []
+        every = self.done or self.abandoned or self.lossy
+        callbacks: list[Callable[[], None]] = []
+        for each in keys:
+            if every or self.pending.get(each, 0) <= self.limit_bytes * RESUME_FRACTION:
+                callbacks.extend(self.waiting.pop(each))
+        return callbacks
 
     def put_state(self, state: RankState) -> None:
         """Queue a rank's state: never waits (states are few: one per start and exit)."""
@@ -146,32 +175,45 @@ class OutputQueue:
             if not self.items or self.abandoned:
                 self.done = True  # decided under the lock: nothing more is queued after this
                 self.ready.notify_all()
-                return None, dropped
-            item = self.items.popleft()
-            if isinstance(item, Lines):
-                key = (item.spec.rank, item.spec.label)
-                self.pending[key] -= item.size
-                self.ready.notify_all()  # a reader may be waiting for room
-            return item, dropped
+                item: Item | None = None
+                resumed = self.freed()
+            else:
+                item = self.items.popleft()
+                resumed = []
+                if isinstance(item, Lines):
+                    key = (item.spec.rank, item.spec.label)
+                    self.pending[key] -= item.size
+                    resumed = self.freed(key)
+        for on_room in resumed:  # a reader stopped for this rank goes on with it
+            on_room()
+        return item, dropped
 
     def close(self) -> None:
         with self.ready:
             self.closed = True
             self.ready.notify_all()
 
-    def let_lag(self, limit_bytes: int) -> None:
-        """Let each rank's share grow to ``limit_bytes`` (readers waiting for room go on)."""
+    def let_lag(self) -> None:
+        """Every rank has ended: hold no reader back any more (those held back go on).  What
+        is still to come is bounded by the transports (a pipe's worth, an agent's window),
+        and by what a rank's leftovers print until its watchdog ends them."""
         with self.ready:
-            self.limit_bytes = max(self.limit_bytes, limit_bytes)
-            self.ready.notify_all()
+            self.limit_bytes = math.inf
+            resumed = self.freed()
+        for on_room in resumed:
+            on_room()
 
     def abandon(self) -> None:
-        """Drop everything and never wait again: the sink failed or is given up."""
+        """Drop everything and never hold a reader back again: the sink failed or is given
+        up."""
         with self.ready:
             self.abandoned = True
             self.items.clear()
             self.pending.clear()
             self.ready.notify_all()
+            resumed = self.freed()
+        for on_room in resumed:
+            on_room()
 
 
 class Outlet:
@@ -200,8 +242,8 @@ class Outlet:
 
     def post_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         """Queue the lines.  Once the writer is done, a journal still gets them, written here
-        after everything queued before (a rank's reader may outlive the job's end: it waited
-        on a paused view); a view's are dropped (the job finished the view)."""
+        after everything queued before (a rank's reader may outlive the job's end: the drain
+        stopped waiting for it); a view's are dropped (the job finished the view)."""
         if self.queue.put_lines(spec, stream, lines) or self.is_view:
             return
         self.thread.join()  # the writer ends once it has written what was queued
@@ -278,20 +320,33 @@ class Fanout:
         self.outlets = list(outlets)
 
     def post_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        """Queue a rank's lines in every outlet (never waits: ask ``when_room`` after)."""
         for outlet in self.outlets:
             outlet.post_lines(spec, stream, lines)
+
+    def when_room(self, spec: LaunchSpec, on_room: Callable[[], None]) -> bool:
+        """True: every outlet has room for more of this rank.  False: one is full; its
+        reader stops reading the rank until ``on_room`` is called (once, from a writer's
+        thread, when every outlet has room again)."""
+        key = (spec.rank, spec.label)
+
+        def again() -> None:  # the full outlet has room: every outlet is asked again
+            if self.when_room(spec, on_room):
+                on_room()
+
+        return all(outlet.queue.when_room(key, again) for outlet in self.outlets)
 
     def post_state(self, state: RankState) -> None:
         for outlet in self.outlets:
             outlet.queue.put_state(state)
 
     def let_views_lag(self) -> None:
-        """Every rank has exited: what is left in their pipes (a pipe's and a read's worth
-        at most) is read at once, so that the job directory gets it all now, while a slow or
-        paused terminal shows it later (it is not dropped: the views may hold it)."""
+        """Every rank has exited: what is still in flight (a pipe's worth, an agent's window)
+        is read at once, so that the job directory gets it all now, while a slow or paused
+        terminal shows it later (it is not dropped: the views hold it)."""
         for outlet in self.outlets:
             if outlet.is_view:
-                outlet.queue.let_lag(ENDED_RANK_BUFFER_BYTES)
+                outlet.queue.let_lag()
 
     def finish_journals(self) -> None:
         """Let every journal (the job directory) write all it has, however long it takes."""

@@ -13,6 +13,7 @@ frames (SSH itself cannot deliver them).  The channel is an SSH session
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import signal
@@ -23,11 +24,12 @@ from typing import Any, Protocol
 
 from launcher import remote
 from launcher.base.errors import HostConnectionError
+from launcher.base.log import LOG
 from launcher.core.command import LaunchSpec, build_remote_command
 from launcher.core.hosts import Host
-from launcher.core.outcome import STREAMS
+from launcher.core.outcome import STREAMS, Stream
 from launcher.remote import agent, watchdog
-from launcher.transport.base import RankFeed, Stream
+from launcher.transport.base import RankFeed
 from launcher.transport.feeds import Pump
 from launcher.transport.remotecalls import AGENT_SOURCE, PROBE_SOURCE, HostReport, report_from
 from launcher.transport.sshlib import paramiko
@@ -35,6 +37,8 @@ from launcher.transport.sshlib import paramiko
 HEARTBEAT_S = 5.0  # at most; both ends beat at least 4 times per host timeout
 DEFAULT_HOST_TIMEOUT_S = 30.0  # an agent silent this long is a lost host
 MAX_PREAMBLE_BYTES = 1 << 20  # what a login shell may print before the agent's frames
+MAX_FRAME_BYTES = 16 << 20  # the agent's frames are 64 KiB of output or a report: a longer one
+# says the stream is corrupt (read on, it would take memory without bound)
 WATCHDOG_SOURCE = remote.source("watchdog")
 
 
@@ -191,6 +195,11 @@ class HostAgent:
             available = len(self.buffer) - self.offset
             if available >= size:
                 rank, kind, length = agent.HEADER.unpack_from(self.buffer, self.offset)
+                if length > MAX_FRAME_BYTES:
+                    raise ValueError(
+                        f"a frame of {length} bytes (at most {MAX_FRAME_BYTES} are sent): "
+                        "the stream is corrupt"
+                    )
                 if available >= size + length:
                     start = self.offset + size
                     payload = bytes(self.buffer[start : start + length])
@@ -206,7 +215,11 @@ class HostAgent:
             self.buffer += chunk
 
     def demultiplex(self) -> None:
-        """Route the agent's frames to the ranks' streams and exits, until the channel ends."""
+        """Route the agent's frames to the ranks' streams and exits, until the channel ends.
+
+        Whatever ends it (a malformed frame too), every rank of the host then ends as lost,
+        with the cause: none is left for the job to wait on."""
+        name = self.connection.host.name
         try:
             while True:
                 run, kind, payload = self.next_frame()
@@ -215,13 +228,17 @@ class HostAgent:
                     process.receive(kind, payload)
         except (EOFError, OSError, paramiko.SSHException):
             pass
+        except Exception as exc:  # a corrupt stream, an agent's bug: the host is given up
+            LOG.debug("%s: malformed frame from the agent: %r", name, exc)
+            self.lost_cause = self.lost_cause or f"malformed frame from the agent on {name}: {exc}"
+            self.channel.close()  # the agent ends what runs there, as for a lost launcher
         cause = (
             self.lost_cause
             or getattr(self.connection, "lost_cause", None)  # srun: the step ended
-            or f"the connection to {self.connection.host.name} was lost"
+            or f"the connection to {name} was lost"
         )
-        self.ended = cause
-        for process in self.processes.values():
+        self.ended = cause  # before the snapshot: a rank started later sees it (``start``)
+        for process in list(self.processes.values()):  # a restart may add one meanwhile
             process.lost(cause)
 
     def send(self, rank: int, kind: int, payload: bytes) -> None:
@@ -232,6 +249,9 @@ class HostAgent:
         self.runs += 1
         process = AgentProcess(spec, self, self.runs)
         self.processes[self.runs] = process
+        if self.ended is not None:  # the host was lost (the demultiplexer ended its ranks)
+            process.lost(self.ended)
+            return process
         remote_spec = {
             "argv": list(spec.argv),
             "env": dict(spec.env),
@@ -260,6 +280,17 @@ def stderr_lines(channel: AgentChannel) -> list[str]:
     return data.decode("utf-8", "replace").strip().splitlines()
 
 
+ANSWER_KINDS = frozenset(agent.ANSWERS.values())
+
+
+class Question:
+    """A question to an agent, until its answer comes."""
+
+    def __init__(self) -> None:
+        self.answered = threading.Event()
+        self.answer: dict[str, Any] | None = None
+
+
 class AgentProcess:
     """A remote rank, as its host's agent reports it."""
 
@@ -274,7 +305,11 @@ class AgentProcess:
         }
         self.ended: set[Stream] = set()
         self.taken = 0  # output bytes read since credit was last returned to the agent
+        self.withheld = 0  # output bytes fed while the outlets were full: credit not yet due
         self.taken_lock = threading.Lock()
+        self.ends_seen: set[Stream] = set()  # streams whose end the agent sent (demultiplexer)
+        self.cut_cause: str | None = None  # the host was lost after the rank's end, before
+        # every stream's
         self.report = b""  # the watchdog's report of the program's status (STATUS frames)
         self.status: int | None = None
         self.settled = threading.Event()  # the status is known, or the rank is gone without one
@@ -283,8 +318,9 @@ class AgentProcess:
         self.code: int | None = None
         self.killed = False
         self.lost_cause: str | None = None  # the host was lost before the rank ended
-        self.answers: dict[int, dict[str, Any]] = {}  # the agent's answers, by kind
-        self.answered = {kind: threading.Event() for kind in agent.ANSWERS.values()}
+        self.questions: dict[str, Question] = {}  # asked and not yet answered, by request id
+        self.requests = itertools.count(1)  # request ids (next() holds the GIL: no lock)
+        self.questions_lock = threading.Lock()
         self.fed: RankFeed | None = None  # attached: output and exits go there, not to queues
         self.told: set[str] = set()  # what the feed was told: "began", "exited"
         self.feed_lock = threading.Lock()
@@ -304,16 +340,33 @@ class AgentProcess:
             self.tell()
 
     def deliverer(self, stream: Stream, feed: RankFeed) -> Callable[[bytes], None]:
-        def deliver(data: bytes) -> None:  # on the pump's thread
+        """On the pump's thread, which serves every remote rank: it never waits.  While the
+        rank's share of the outlets is full, what it is fed is not given back as credit
+        (the agent stops reading the rank at the end of its window) until there is room."""
+
+        def deliver(data: bytes) -> None:
             if stream in self.ended:
                 return  # a second end (``finish`` ends every stream)
             if not data:
                 self.ended.add(stream)
-            feed.feed(stream, data)
-            if data:
-                self.give_credit(len(data))
+                if stream not in self.ends_seen and self.cut_cause is not None:
+                    feed.cut_off(stream, self.cut_cause)  # the host was lost first
+                else:
+                    feed.feed(stream, data)
+                return
+            with self.taken_lock:
+                self.withheld += len(data)
+            if feed.feed(stream, data, self.release_credit):
+                self.release_credit()
 
         return deliver
+
+    def release_credit(self) -> None:
+        """The outlets have room for this rank: the credit withheld goes back."""
+        with self.taken_lock:
+            size, self.withheld = self.withheld, 0
+        if size:
+            self.give_credit(size)
 
     def put(self, stream: Stream, data: bytes) -> None:
         """A chunk (b"": the end) of a stream: queued for ``read``, or fed on."""
@@ -361,23 +414,41 @@ class AgentProcess:
     def take_stats(self, timeout: float) -> dict[str, Any]:
         return self.ask(agent.TAKE_STATS, timeout)
 
-    def ask(self, question: int, timeout: float) -> dict[str, Any]:
-        """One question about this rank to its host's agent, and its answer."""
-        answer = agent.ANSWERS[question]
-        self.answered[answer].clear()
+    def ask(self, kind: int, timeout: float) -> dict[str, Any]:
+        """One question about this rank to its host's agent, and its answer: each question
+        has a request id, which the answer echoes (two askers at once, the hang's dump and
+        ``dtrain stacks``, each get their own; an answer that comes too late, none)."""
+        request, question = str(next(self.requests)), Question()
+        with self.questions_lock:
+            self.questions[request] = question
         try:
-            self.host.send(self.run, question, b"")
-        except (OSError, paramiko.SSHException) as exc:
-            return {"error": f"cannot reach {self.spec.host.name}: {exc}"}
-        if not self.answered[answer].wait(timeout) or answer not in self.answers:
-            return {"error": f"no answer from {self.spec.host.name} within {timeout:g} s"}
-        return self.answers.pop(answer)
+            try:
+                self.host.send(self.run, kind, request.encode())
+            except (OSError, paramiko.SSHException) as exc:
+                return {"error": f"cannot reach {self.spec.host.name}: {exc}"}
+            if not question.answered.wait(timeout) or question.answer is None:
+                return {"error": f"no answer from {self.spec.host.name} within {timeout:g} s"}
+            return question.answer
+        finally:
+            with self.questions_lock:
+                self.questions.pop(request, None)
+
+    def take_answer(self, payload: bytes) -> None:
+        """An answer from the agent, to the question of its request id (if still asked)."""
+        reply = json.loads(payload)
+        with self.questions_lock:
+            question = self.questions.pop(str(reply["request"]), None)
+        if question is not None:  # (else its asker gave up waiting: a late answer is dropped)
+            question.answer = dict(reply["answer"])
+            question.answered.set()
 
     def receive(self, kind: int, payload: bytes) -> None:
         if kind in (agent.STDOUT, agent.STDERR):
             self.put("stdout" if kind == agent.STDOUT else "stderr", payload)
         elif kind in (agent.STDOUT_END, agent.STDERR_END):
-            self.put("stdout" if kind == agent.STDOUT_END else "stderr", b"")
+            stream: Stream = "stdout" if kind == agent.STDOUT_END else "stderr"
+            self.ends_seen.add(stream)
+            self.put(stream, b"")
         elif kind == agent.STATUS:
             self.report += payload
             if self.report.endswith(b"\n") and self.report.strip().lstrip(b"-").isdigit():
@@ -395,9 +466,8 @@ class AgentProcess:
             self.finish(127)
         elif kind == agent.EXITED:
             self.finish(int(payload))
-        elif kind in self.answered:
-            self.answers[kind] = json.loads(payload)
-            self.answered[kind].set()
+        elif kind in ANSWER_KINDS:
+            self.take_answer(payload)
 
     def finish(self, code: int) -> None:
         for stream in STREAMS:
@@ -415,6 +485,10 @@ class AgentProcess:
         if not self.exited.is_set():
             if not self.killed:
                 self.lost_cause = cause
+            if self.status is not None and not self.ends_seen.issuperset(STREAMS):
+                # It had ended by itself: the tail of its output, still in flight, is gone
+                # (a rank that dies with its host fails as lost: that says it all).
+                self.cut_cause = cause
             self.finish(-signal.SIGKILL if self.killed else 255)
 
     def read(self, stream: Stream, size: int) -> bytes:

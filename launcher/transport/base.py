@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from launcher.core.command import LaunchSpec
@@ -18,7 +19,6 @@ __all__ = [
     "Process",
     "RankFeed",
     "RoutedTransport",
-    "Stream",
     "Transport",
 ]
 
@@ -26,8 +26,15 @@ __all__ = [
 class RankFeed(Protocol):
     """Where a transport that reads its ranks' output itself (``attach``) hands it on."""
 
-    def feed(self, stream: Stream, data: bytes) -> None:
-        """A chunk of a stream; b"" once at its end.  May wait (back-pressure)."""
+    def feed(self, stream: Stream, data: bytes, on_room: Callable[[], None] | None = None) -> bool:
+        """A chunk of a stream; b"" once at its end.  False: the rank's share of the outlets
+        is full: feed no more of it (stop reading it, withhold its credit) until ``on_room``
+        is called, from another thread (back-pressure on that rank alone).  Without
+        ``on_room`` it waits for room itself."""
+        ...
+
+    def cut_off(self, stream: Stream, cause: str) -> None:
+        """The stream ended without its end (the host was lost): its output may be cut."""
         ...
 
     def began(self) -> None:

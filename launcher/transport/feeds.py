@@ -9,8 +9,10 @@ A transport whose processes have ``attach`` hands each rank's chunks and status 
   demultiplexer, the simulator), in their order, so that the receiving thread never waits
   on output.
 
-Feeding output may wait (the outlets apply back-pressure); exits go through threads that
-never feed output, so the kill path never waits on it.
+Neither thread waits on the outlets: a rank whose share of them is full is skipped until
+there is room (``PipeReader``: its pipe is no longer read; over SSH its credit is withheld,
+``agentlink``), so one slow or paused rank never holds up the others.  Exits go through
+threads that never feed output, so the kill path never waits on it.
 """
 
 from __future__ import annotations
@@ -26,20 +28,25 @@ from launcher.core.outcome import READ_BYTES
 
 LOG = Log("dtrain.feeds")
 
-Chunk = Callable[[bytes], None]  # a pipe's chunks as they come, then b"" at its end
+# A pipe's chunks as they come, then b"" at its end; False: read no more of it until
+# ``PipeReader.resume`` (None or True: go on).
+Chunk = Callable[[bytes], bool | None]
 
 
 class PipeReader:
     """One daemon thread that reads every pipe added to it and calls the pipe's callback with
     each chunk, then with b"" once at its end (the pipe is then unregistered; the caller
-    closes it).  The thread starts with the first pipe and ends after ``close`` once its
-    pipes have ended."""
+    closes it).  A callback that returns False pauses its pipe until ``resume``: the other
+    pipes are read meanwhile.  The thread starts with the first pipe and ends after
+    ``close`` once its pipes have ended."""
 
     def __init__(self, name: str, size: int = READ_BYTES) -> None:
         self.name = name
         self.size = size
         self.lock = threading.Lock()
         self.added: list[tuple[int, Chunk]] = []
+        self.resumed: list[int] = []  # paused pipes to read again (``resume``)
+        self.paused: dict[int, Chunk] = {}  # the reader thread's own
         self.closing = False
         self.thread: threading.Thread | None = None
         self.wake_read = self.wake_write = -1  # -1: no thread
@@ -68,6 +75,12 @@ class PipeReader:
             except OSError:
                 pass  # already woken (the pipe is full)
 
+    def resume(self, fd: int) -> None:
+        """From any thread: read a pipe that its callback paused again."""
+        with self.lock:
+            self.resumed.append(fd)
+        self.wake()
+
     def close(self) -> None:
         with self.lock:
             self.closing = True
@@ -81,10 +94,7 @@ class PipeReader:
                 for key, _ in selector.select():
                     if key.fd == self.wake_read:
                         os.read(self.wake_read, 4096)
-                        with self.lock:
-                            added, self.added = self.added, []
-                        for fd, callback in added:
-                            selector.register(fd, selectors.EVENT_READ, callback)
+                        self.take_news(selector)
                         continue
                     try:
                         data = os.read(key.fd, self.size)
@@ -92,9 +102,13 @@ class PipeReader:
                         data = b""  # the pipe went away with its process
                     if not data:
                         selector.unregister(key.fd)
-                    call(key.data, data)
+                        call(key.data, data)
+                    elif call(key.data, data) is False:  # until ``resume`` (a wake-up)
+                        selector.unregister(key.fd)
+                        self.paused[key.fd] = key.data
                 with self.lock:
-                    if self.closing and not self.added and len(selector.get_map()) == 1:
+                    idle = not self.added and not self.paused and len(selector.get_map()) == 1
+                    if self.closing and idle:
                         return
         finally:
             selector.close()
@@ -105,6 +119,17 @@ class PipeReader:
                 if self.added:  # added while it was ending: a new thread reads them
                     self.start()
                     os.write(self.wake_write, b"x")
+
+    def take_news(self, selector: selectors.BaseSelector) -> None:
+        """Pipes added, and paused pipes to read again, since the last wake-up."""
+        with self.lock:
+            added, self.added = self.added, []
+            resumed, self.resumed = self.resumed, []
+        for fd, callback in added:
+            selector.register(fd, selectors.EVENT_READ, callback)
+        for fd in resumed:
+            if fd in self.paused:
+                selector.register(fd, selectors.EVENT_READ, self.paused.pop(fd))
 
 
 class Pump:
@@ -133,9 +158,10 @@ class Pump:
             call(*item)
 
 
-def call(callback: Chunk, data: bytes) -> None:
+def call(callback: Chunk, data: bytes) -> bool | None:
     """A callback's error is its rank's alone: logged, the thread goes on for the others."""
     try:
-        callback(data)
+        return callback(data)
     except Exception:
         LOG.exception("feeding a rank's output failed")
+        return None

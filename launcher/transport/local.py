@@ -13,8 +13,9 @@ from typing import IO, Any
 
 from launcher.base.errors import LauncherError
 from launcher.core.command import LaunchSpec
+from launcher.core.outcome import Stream
 from launcher.transport import localagent
-from launcher.transport.base import RankFeed, Stream
+from launcher.transport.base import RankFeed
 from launcher.transport.feeds import PipeReader
 from launcher.transport.localagent import LocalAgent, Ticket
 
@@ -104,7 +105,7 @@ class LocalProcess:
         assert self.readers is not None, "attach needs the transport's readers"
         output, statuses = self.readers
         for stream, file in self.files.items():
-            output.add(file.fileno(), self.chunks(stream, file, feed))
+            output.add(file.fileno(), self.chunks(stream, file, feed, output))
         report = bytearray()
 
         def on_report(data: bytes) -> None:
@@ -122,11 +123,17 @@ class LocalProcess:
         statuses.add(self.status_fd, on_report)
 
     @staticmethod
-    def chunks(stream: Stream, file: IO[bytes], feed: RankFeed) -> Callable[[bytes], None]:
-        def on_chunk(data: bytes) -> None:
+    def chunks(
+        stream: Stream, file: IO[bytes], feed: RankFeed, reader: PipeReader
+    ) -> Callable[[bytes], bool]:
+        """The reader's callback for one stream: False pauses the pipe while the rank's
+        share of the outlets is full (the reader goes on with the other ranks)."""
+        fd = file.fileno()
+
+        def on_chunk(data: bytes) -> bool:
             if not data:
                 file.close()  # no fd outlives its stream
-            feed.feed(stream, data)
+            return feed.feed(stream, data, lambda: reader.resume(fd))
 
         return on_chunk
 

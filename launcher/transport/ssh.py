@@ -214,7 +214,8 @@ def connect(
     assert transport is not None
     tune_socket(transport)
     peer, local = address_pair(transport)
-    LOG.debug("connected to %s (%s) as %s", where, peer, target.user)
+    seen = f" ({peer})" if peer and peer != target.hostname else ""  # where says the name's
+    LOG.debug("connected to %s%s as %s", where, seen, target.user)
     return SshConnection(
         host, target, client, jump, peer_address=peer or target.hostname, local_address=local
     )

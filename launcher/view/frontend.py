@@ -4,9 +4,10 @@ the view a job's options ask for (``make_view``), with its rank filter."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+import errno
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from launcher.core.command import LaunchSpec
 from launcher.core.config import ViewConfig, parse_ranks
@@ -22,14 +23,50 @@ from launcher.view.lineviews import (
 )
 from launcher.view.liveview import LiveView
 
+GONE_ERRNOS = (errno.EIO, errno.EPIPE)  # a hung-up terminal; a pipe whose reader left
+
+
+class TerminalFile:
+    """dtrain's stdout or stderr as the views and notices write to it: once it is gone
+    (EIO: the terminal was hung up, a closed window or a dropped SSH session; EPIPE: the
+    reader of a pipe left), whatever is written is dropped, never raised into the job,
+    which goes on unseen and ends as it would (a hang-up's SIGHUP stops it in order)."""
+
+    def __init__(self, file: TextIO) -> None:
+        self.file = file
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            with self.dropped_when_gone():
+                self.file.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            with self.dropped_when_gone():
+                self.file.flush()
+
+    @contextlib.contextmanager
+    def dropped_when_gone(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno not in GONE_ERRNOS:
+                raise
+            self.gone = True
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding...: the file's
+        return getattr(self.file, name)
+
 
 class TerminalFrontend:
     """The job's ``Frontend`` on this process's terminal: the view its options ask for."""
 
     def __init__(self, config: ViewConfig, out: TextIO, err: TextIO) -> None:
         self.config = config
-        self.out = out
-        self.err = err
+        self.out = cast(TextIO, TerminalFile(out))
+        self.err = cast(TextIO, TerminalFile(err))
 
     def show_phases(self) -> None:
         """While dtrain connects to hosts and starts their agents, one line on a terminal says
@@ -58,11 +95,7 @@ class TerminalFrontend:
         self, job_id: str, plan: Plan, remote: bool = False, attempt: int = 0
     ) -> tuple[OutputSink, AbstractContextManager[Any]]:
         self.end_phases()
-        if not self.config.as_json:
-            again = f", attempt {attempt}" if attempt else ""  # a host change is no restart
-            self.notice(
-                f"dtrain: job {job_id} ({plan.world_size} ranks{again}); logs: dtrain logs {job_id}"
-            )
+        self.announce(job_id, plan.world_size, attempt)
         tag = default_tag((r.role for r in plan.ranks), (h.name for h in plan.hosts), remote)
         view, showing = make_view(
             self.config,
@@ -77,11 +110,34 @@ class TerminalFrontend:
         self.live = showing if isinstance(showing, LiveView) else None
         return view, showing
 
+    def announce(self, job_id: str, world_size: int, attempt: int) -> None:
+        """The job's first line: its id and size, and the command that shows its logs on a
+        line of its own (to paste; both fit 80 columns).  With ``--json``, the first object
+        names the job (``job``, ``world_size``, ``attempt``; the lines' objects have
+        ``text``)."""
+        if self.config.as_json:
+            import json
+            import time
+
+            first = {"time": round(time.time(), 6), "job": job_id, "world_size": world_size}
+            with contextlib.suppress(OSError, ValueError):  # a closed stdout: the view's end
+                self.out.write(json.dumps({**first, "attempt": attempt}) + "\n")
+                self.out.flush()
+            return
+        again = f", attempt {attempt}" if attempt else ""  # a host change is no restart
+        self.notice(f"dtrain: job {job_id} ({world_size} ranks{again}); its logs:")
+        self.notice(f"    dtrain logs {job_id}")
+
     def notice(self, text: str) -> None:
         live = getattr(self, "live", None)
         if live is not None and live.live is not None and live.live.is_started:
             live.console.print(text, highlight=False, markup=False, soft_wrap=True)
             return  # above the live area, which stays whole
+        self.err.write(text + "\n")
+        self.err.flush()
+
+    def say(self, text: str) -> None:
+        """A line on stderr (the job's summary), dropped when the terminal is gone."""
         self.err.write(text + "\n")
         self.err.flush()
 
@@ -118,7 +174,7 @@ def make_view(
     local_set = set(parse_ranks(local, "--local-ranks")) if local is not None else None
     shown = [
         rank
-        for rank in range(world_size)
+        for rank in (sorted(local_rank_of) if local_rank_of is not None else range(world_size))
         if (ranks is None or rank in ranks)
         and (local_set is None or local_rank_of is None or local_rank_of.get(rank) in local_set)
     ]

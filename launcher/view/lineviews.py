@@ -74,7 +74,9 @@ class LineView:
         self.color = color
         self.color_system = color_system
         self.clock = clock
-        self.prefixes: dict[tuple[int, Stream], str] = {}
+        # by rank, label and stream: mpirun's own lines (its spec stands on rank 0, labelled)
+        # are not tagged as rank 0's, nor rank 0's as mpirun's
+        self.prefixes: dict[tuple[int, str | None, Stream], str] = {}
         self.broken: set[TextIO] = set()
         self.announced: dict[int, int] = {}  # rank -> the restart last announced
         self.bar_shown: dict[tuple[int, Stream], float] = {}  # when a progress state was shown
@@ -150,7 +152,7 @@ class LineView:
         return kept
 
     def prefix(self, spec: LaunchSpec, stream: Stream, at: float | None = None) -> str:
-        key = (spec.rank, stream)
+        key = (spec.rank, spec.label, stream)
         cached = self.prefixes.get(key)
         if cached is not None:
             return cached
@@ -277,7 +279,10 @@ class JsonLinesView:
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         now = round(self.clock(), 6)
-        base = {"time": now, "host": spec.host.name, "rank": spec.rank, "role": spec.role}
+        base: dict[str, object] = {"time": now, "host": spec.host.name, "rank": spec.rank}
+        base["role"] = spec.role
+        if spec.label:  # mpirun's own lines (its spec stands on rank 0): nobody's rank
+            base = {"time": now, "rank": None, "label": spec.label}
         self.out.write(
             "".join(
                 json.dumps({**base, "stream": stream, "text": text}) + "\n"
@@ -329,12 +334,13 @@ class QuietView:
 
 class CollapsingView:
     """Identical lines of several ranks shown once, tagged with the rank set (``[0-7] text``):
-    ``--collapse``, the default on a terminal.  A line waits at most the window for the same
-    line from other ranks.  The window runs on when lines were posted to the outlet (``at``),
-    not on when its writer thread got to them (seconds later while the terminal lags: copies
-    that came together would split into several groups).  The writer ticks this view when a
-    window closes and nothing came meanwhile, and flushes it at the end, so it is only ever
-    called from that one thread."""
+    ``--collapse``, the default on a terminal.  A line waits the window for the same line from
+    other ranks, and one that some ranks said waits up to seconds more for the others (see
+    ``Collapser``).  The window runs on when lines were posted to the outlet (``at``), not on
+    when its writer thread got to them (seconds later while the terminal lags: copies that
+    came together would split into several groups).  The writer ticks this view when held
+    lines are due and nothing came meanwhile, and flushes it at the end, so it is only ever
+    called from that one thread.  The times shown never go back."""
 
     def __init__(
         self,
@@ -350,6 +356,7 @@ class CollapsingView:
         self.clock = clock  # the outlet's clock: what ``at`` and ``tick``'s ``now`` are on
         self.wall = wall  # what a line's time is shown in (a ``{time}`` tag, JSON)
         self.now = -math.inf  # the latest time seen: the collapser's clock never goes back
+        self.shown_at = -math.inf  # the wall time of the latest group shown
 
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         self.show_at(spec, stream, lines, self.clock())
@@ -377,7 +384,8 @@ class CollapsingView:
 
     def emit(self, items: Sequence[Collapsed]) -> None:
         """Consecutive lines of the same ranks and stream go to the view as one batch, with
-        the wall time when the first of them was written."""
+        the wall time when the first of them was written (or the latest shown, if later: the
+        wall clock may have been set back since)."""
         if not items:
             return
         offset = self.wall() - self.clock()
@@ -390,5 +398,6 @@ class CollapsingView:
                 first = items[start]
                 specs = [self.specs[rank] for rank in first.ranks]
                 lines = list(chain.from_iterable(item.lines for item in items[start:end]))
-                self.view.show_group(specs, first.stream, lines, at=first.time + offset)
+                self.shown_at = max(self.shown_at, first.time + offset)
+                self.view.show_group(specs, first.stream, lines, at=self.shown_at)
                 start = end

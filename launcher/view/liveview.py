@@ -3,10 +3,13 @@ progress bars are drawn in place (rich Live, loaded only once the region starts)
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
 from typing import Any, TextIO
 
 from launcher.core.command import LaunchSpec
@@ -16,6 +19,7 @@ from launcher.view.terminal import terminal_width
 
 MAX_BARS = 8  # more ranks drawing progress bars than this: one summary line instead
 LIVE_AFTER_S = 0.3  # the live region starts this far into a job (see LiveView)
+SUSPEND_WAIT_S = 1.0  # Ctrl-Z: how long giving the terminal back may take (then dtrain stops)
 
 
 class LiveView:
@@ -29,6 +33,10 @@ class LiveView:
     loading rich (28 ms of its start).  Until then lines are written as rich would print
     them: the same text (tag, ``<stderr>`` mark, colours) to the same file (``out``, stderr
     lines too), so where a line goes never depends on when it came.
+
+    Ctrl-Z (SIGTSTP) gives the terminal back as the shell needs it before dtrain stops
+    (the region erased, the cursor shown), and ``fg`` draws the region again, as ``less``
+    and ``top`` do.
     """
 
     def __init__(
@@ -54,12 +62,48 @@ class LiveView:
         self.timer: threading.Timer | None = None
         self.closed = False
         self.broken = False  # ``out`` went away before the live region started
+        self.suspended = False  # stopped by Ctrl-Z: no region until dtrain goes on
+        self.stop_handler: Any = None  # SIGTSTP's handler before ours...
+        self.handling_stop = False  # ...while ours is set
 
     def __enter__(self) -> LiveView:
         self.timer = threading.Timer(LIVE_AFTER_S, self.start_live)
         self.timer.daemon = True
         self.timer.start()
+        if threading.current_thread() is threading.main_thread():  # (signals: only there)
+            self.stop_handler = signal.signal(signal.SIGTSTP, self.stop_signalled)
+            self.handling_stop = True
         return self
+
+    def stop_signalled(self, signum: int, frame: FrameType | None) -> None:
+        """Ctrl-Z, in the main thread: the terminal given back (``suspend``, on a thread of
+        its own: this thread may hold what it needs, a notice half printed, and a paused
+        terminal takes nothing, so after ``SUSPEND_WAIT_S`` dtrain stops anyway), then
+        dtrain stops as it would have, and once continued the region comes back."""
+        given_back, continued = threading.Event(), threading.Event()
+        threading.Thread(
+            target=self.suspend, args=(given_back, continued), name="dtrain-suspend", daemon=True
+        ).start()
+        given_back.wait(SUSPEND_WAIT_S)
+        ours = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        try:
+            os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until SIGCONT (fg, bg)
+        finally:
+            signal.signal(signal.SIGTSTP, ours)
+            continued.set()
+
+    def suspend(self, given_back: threading.Event, continued: threading.Event) -> None:
+        """Erase the live region and show the cursor; draw a new region once continued."""
+        with self.lock:
+            self.suspended = True
+            live, self.live = self.live, None
+            if live is not None:
+                live.stop()  # (transient: the region erased, then the cursor shown)
+        given_back.set()
+        continued.wait()
+        with self.lock:
+            self.suspended = False
+        self.start_live()  # a new region where the cursor is (below the shell's lines)
 
     def start_live(self) -> None:
         """The live region, from now on (on the timer's thread)."""
@@ -67,7 +111,7 @@ class LiveView:
         from rich.live import Live
 
         with self.lock:
-            if self.closed or self.live is not None:
+            if self.closed or self.live is not None or self.suspended:
                 return
             self.console = Console(file=self.out)
             self.live = Live(
@@ -83,6 +127,10 @@ class LiveView:
     def __exit__(self, *exc: object) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        if self.handling_stop and threading.current_thread() is threading.main_thread():
+            before = self.stop_handler  # (None: a handler set outside Python, lost)
+            signal.signal(signal.SIGTSTP, before if before is not None else signal.SIG_DFL)
+            self.handling_stop = False
         with self.lock:
             self.closed = True
         states = list(self.states.values())

@@ -4,6 +4,7 @@ how a recorded job ended, ``--dry-run``'s plan and ``dtrain check``'s report."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
@@ -20,8 +21,34 @@ def format_error(error: LauncherError) -> str:
     return " ".join(line.split("\n"))
 
 
+WIDTH = 80  # every line of dtrain's own fits this many columns (a terminal's least)
+INDENT = "    "  # a line broken to fit goes on under this; so do lines meant to be pasted
+EXCERPT_ROWS = 8  # the failure summary's excerpt of the rank's last lines, in rows of WIDTH
+EXCERPT_LINE_ROWS = 2  # ...of which one line takes at most this many (longer: cut)
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: .*)?")  # ValueError: ..., torch.OutOfMemoryError
+
+
+def fit(text: str, width: int = WIDTH) -> list[str]:
+    """A line of dtrain's own as lines of at most ``width`` columns, broken between words
+    (an id, a path or a host name is never broken: a longer word stands on a line alone)."""
+    if len(text) <= width:
+        return [text]
+    import textwrap
+
+    return textwrap.wrap(
+        text,
+        width,
+        subsequent_indent=INDENT,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
 def format_failure(result: JobResult) -> list[str]:
-    """The summary after a failed or interrupted job (empty when it succeeded)."""
+    """The summary after a failed or interrupted job (empty when it succeeded): for a failed
+    rank, a short excerpt of its last lines (its output was just shown whole) and what torch's
+    error file says; how many ranks dtrain stopped; and last, on one line, who failed, why,
+    and what dtrain exits with, so that on a small terminal that line is what stays."""
     lines: list[str] = []
     failure = result.failure
     if failure is not None:
@@ -37,28 +64,64 @@ def format_failure(result: JobResult) -> list[str]:
         who = f"rank {failure.rank}{role} on {failure.host}"
         if failure.rank < 0:  # mpirun's own status, without its report of a rank
             who, what = "mpirun", f"{what} and did not name the rank that failed"
-        lines.append(
-            f"dtrain: {who} {what}; "
-            f"{describe_stopped(result, others=True)}; dtrain exits {result.exit_code}"
-        )
         if failure.last_lines:
             lines.append(f"dtrain: last {failure.stream} lines of rank {failure.rank}:")
-            lines.extend(f"    {line}" for line in failure.last_lines)
+            lines.extend(f"{INDENT}{line}" for line in excerpt(failure.last_lines))
         elif failure.rank >= 0:
             lines.append(f"dtrain: rank {failure.rank} wrote nothing (no output)")
+        if failure.error is not None:  # torch's @record wrote it: where it was raised
+            lines += fit(f"dtrain: rank {failure.rank} raised {failure.error}")
+            lines += fit(f"{INDENT}at {failure.error_at}") if failure.error_at else []
+        lines += fit(f"dtrain: {describe_stopped(result, others=True)}")
+        lines += fit(f"dtrain: {who} {what}; dtrain exits {result.exit_code}")
     elif result.timeout is not None:
-        lines.append(
-            f"dtrain: {result.timeout}; "
-            f"{describe_stopped(result, others=False)}; dtrain exits {result.exit_code}"
-        )
+        lines += fit(f"dtrain: {describe_stopped(result, others=False)}")
+        lines += fit(f"dtrain: {result.timeout}; dtrain exits {result.exit_code}")
     elif result.interrupt is not None:
         import signal
 
-        lines.append(
+        lines += fit(f"dtrain: {describe_stopped(result, others=False)}")
+        lines += fit(
             f"dtrain: interrupted by {signal.Signals(result.interrupt).name}; "
-            f"{describe_stopped(result, others=False)}; dtrain exits {result.exit_code}"
+            f"dtrain exits {result.exit_code}"
         )
+    if result.incomplete is not None:  # lines may be missing: said first, or alone
+        if not lines:
+            return fit(f"dtrain: {result.incomplete}; dtrain exits {result.exit_code}")
+        lines = fit(f"dtrain: warning: {result.incomplete}") + lines
     return lines
+
+
+def excerpt(lines: Sequence[str]) -> list[str]:
+    """A failed rank's last lines, short: up to its exception line (a Python traceback's last
+    line: what follows it is most often noise, a destructor's warning), and the lines before
+    it that fit ``EXCERPT_ROWS`` rows; a line longer than ``EXCERPT_LINE_ROWS`` rows is cut."""
+    end = exception_index(lines)
+    chosen = list(lines[: len(lines) if end is None else end + 1])
+    room = EXCERPT_LINE_ROWS * WIDTH - len(INDENT)
+    shown: list[str] = []
+    rows = 0
+    for line in reversed(chosen):
+        line = line if len(line) <= room else line[: room - 1] + "\u2026"
+        rows += -(-(len(INDENT) + len(line)) // WIDTH) or 1
+        if rows > EXCERPT_ROWS and shown:
+            break
+        shown.append(line)
+    shown.reverse()
+    if len(shown) < len(chosen):  # cut: begin at a frame of the traceback, not inside one
+        frame = next((i for i, line in enumerate(shown) if line.lstrip().startswith("File ")), 0)
+        shown = shown[frame:]
+    return shown
+
+
+def exception_index(lines: Sequence[str]) -> int | None:
+    """Where the last Python exception line is: a line like ``ValueError: bad batch``, not
+    indented, right after a traceback's indented frame lines (None: no traceback)."""
+    for index in range(len(lines) - 1, 0, -1):
+        line, before = lines[index], lines[index - 1]
+        if before[:1].isspace() and EXCEPTION_LINE.fullmatch(line):
+            return index
+    return None
 
 
 def describe_stopped(result: JobResult, others: bool) -> str:
@@ -82,15 +145,18 @@ def describe_stopped(result: JobResult, others: bool) -> str:
 def format_ending(job_id: str, state: str, result: JobResult | None) -> list[str]:
     """How a recorded job ended, as the launcher said it (``dtrain logs``' last lines)."""
     if state in ("running", "starting", "restarting"):
-        return [f"dtrain: job {job_id} is still running (dtrain logs -f {job_id} follows it)"]
+        return [
+            f"dtrain: job {job_id} is still running; to follow it:",
+            f"{INDENT}dtrain logs -f {job_id}",
+        ]
     if state == "lost":
-        return [f"dtrain: job {job_id} was lost: its launcher died without recording an end"]
+        return fit(f"dtrain: job {job_id} was lost: its launcher died without recording an end")
     if result is None:
         return [f"dtrain: job {job_id} {state}"]
     if result.exit_code == 0:
-        return [
+        return fit(
             f"dtrain: job {job_id} succeeded ({result.world_size} ranks, {result.elapsed_s:.1f} s)"
-        ]
+        )
     return format_failure(result) or [
         f"dtrain: job {job_id} {state} (exit code {result.exit_code})"
     ]
@@ -128,13 +194,17 @@ def format_dry_run(
     as_json: bool,
 ) -> str:
     """``--dry-run``: the ranks, or under ``--mpi`` mpirun's command line, the variables it
-    forwards (``-x NAME``: the values travel in its environment) and its hostfile."""
+    forwards (``-x NAME``: the values travel in its environment) and its hostfile; as text,
+    what can be pasted into a shell as it is: the hostfile written by a heredoc (a dry run
+    writes no file), the variables exported, then mpirun's line."""
     if mpirun is not None:
         if as_json:
             plan = {"mpirun": list(mpirun), "env": dict(mpirun_env), "hostfile": hostfile}
             return json.dumps(plan, indent=2)
-        env = "".join(f"# env: {k}={shell_quote(v)}\n" for k, v in mpirun_env.items())
-        return shell_join(mpirun) + "\n" + env + "# hostfile:\n" + (hostfile or "").rstrip()
+        path = mpirun[list(mpirun).index("--hostfile") + 1] if "--hostfile" in mpirun else None
+        write = f"cat > {shell_quote(path)} <<'EOF'\n{hostfile or ''}EOF\n" if path else ""
+        env = "".join(f"export {k}={shell_quote(v)}\n" for k, v in mpirun_env.items())
+        return write + env + shell_join(mpirun)
     return format_plan_json(entries) if as_json else "\n".join(format_plan(entries))
 
 

@@ -18,6 +18,7 @@ from launcher.core.sweep import (
     sort_rows,
 )
 from launcher.streams.joblogs import LogLine
+from launcher.view.reports import INDENT, fit
 from launcher.view.tables import format_table, shell_join
 
 REFRESH_S = 0.5  # the live table is redrawn at most this often
@@ -234,6 +235,21 @@ def fit_columns(columns: Sequence[Column], width: int) -> list[Column]:
             break
         kept.remove(worst)
     return kept
+
+
+def format_sweep_start(sweep_id: str, count: int, total: int, slots: int) -> list[str]:
+    """The sweep's first lines: what it runs, and the command that resumes it on a line of
+    its own (to paste; both fit 80 columns)."""
+    head = f"dtrain: sweep {sweep_id}: {count} of {total} trial(s), {slots} slot(s); to resume:"
+    return [*fit(head), f"{INDENT}dtrain sweep --resume {sweep_id}"]
+
+
+def format_nothing_left(sweep_id: str, rows: Sequence[TrialRow], failed_too: bool) -> list[str]:
+    """``--resume`` of a sweep whose every trial finished: nothing runs, and it says so."""
+    lines = fit(f"dtrain: sweep {sweep_id}: nothing left to run ({count_states(rows)})")
+    if not failed_too and any(row.state == "failed" for row in rows):
+        lines.append("dtrain: --retry-failed runs the failed trials again")
+    return lines
 
 
 def describe_change(row: TrialRow) -> str:

@@ -33,9 +33,17 @@ def human_age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def format_jobs(summaries: Sequence[JobSummary]) -> list[str]:
-    """``dtrain jobs``: one row per job."""
-    rows = [("job", "state", "exit", "took", "ranks", "hosts", "size", "age", "command")]
+JOB_COLUMNS = ("job", "state", "exit", "took", "ranks", "hosts", "size", "age", "command")
+GIVING_WAY = ("size", "hosts", "ranks", "took")  # on a narrow terminal, one by one
+LEAST_COMMAND = 24  # columns of the command kept before another column gives way
+COMMAND_CHARS = 50  # of a job's command, at most
+
+
+def format_jobs(summaries: Sequence[JobSummary], width: int | None = None) -> list[str]:
+    """``dtrain jobs``: one row per job.  Wider than ``width`` (a terminal's), a job's hosts
+    are its first and how many more, then the size, hosts, ranks and time columns give way,
+    one at a time, until the command has room; it is cut to what is left (an id never)."""
+    rows: list[tuple[str, ...]] = [JOB_COLUMNS]
     rows += [
         (
             s.id,
@@ -46,11 +54,42 @@ def format_jobs(summaries: Sequence[JobSummary]) -> list[str]:
             ",".join(s.hosts) or "-",
             human_size(s.size),
             human_age(s.age_s),
-            " ".join(" ".join(s.command).split())[:50],  # one line: python -c "a\nb"
+            " ".join(" ".join(s.command).split())[:COMMAND_CHARS],  # one line: python -c "a\nb"
         )
         for s in summaries
     ]
-    return format_table(rows)
+    lines = format_table(rows)
+    if width is None or max(len(line) for line in lines) <= width:
+        return lines
+    hosts = JOB_COLUMNS.index("hosts")
+    rows = [rows[0]] + [
+        (*row[:hosts], few_hosts(s.hosts), *row[hosts + 1 :])
+        for row, s in zip(rows[1:], summaries, strict=True)
+    ]
+    kept = list(JOB_COLUMNS)
+    for column in GIVING_WAY:
+        if table_width(rows, kept[:-1]) + 2 + LEAST_COMMAND <= width:
+            break
+        kept.remove(column)
+    room = max(width - table_width(rows, kept[:-1]) - 2, len("command"))
+    picked = [[row[JOB_COLUMNS.index(name)] for name in kept] for row in rows]
+    for row in picked[1:]:
+        if len(row[-1]) > room:
+            row[-1] = row[-1][: room - 1] + "\u2026"
+    return format_table(picked)
+
+
+def few_hosts(hosts: Sequence[str]) -> str:
+    """A job's hosts in a narrow table: the first and how many more (``node1+3``)."""
+    if not hosts:
+        return "-"
+    return hosts[0] + (f"+{len(hosts) - 1}" if len(hosts) > 1 else "")
+
+
+def table_width(rows: Sequence[Sequence[str]], names: Sequence[str]) -> int:
+    """The width of these columns of ``rows``, two spaces apart."""
+    widths = [max(len(row[JOB_COLUMNS.index(name)]) for row in rows) for name in names]
+    return sum(widths) + 2 * (len(widths) - 1)
 
 
 def format_hosts(hosts: Sequence[Host]) -> list[str]:

@@ -1,0 +1,97 @@
+"""The end of a job's output (loop layer): every line the ranks wrote, or why not.
+
+A job ends only when every rank's streams have reached their end (a local pipe's EOF, the
+end its agent relays over SSH) and what they carried was handed to the outlets: when the
+ranks exit, a busy machine may still hold much of their output in pipes, in agents and on
+SSH channels.  Streams still delivering are never cut, short of a generous cap; a stream
+silent for longer than a watchdog takes to end what a rank left (the grace, and
+``QUIET_S`` more) is given up on, and so is everything at a signal to dtrain.  Whatever
+was not waited for, or was cut by a lost host, is said: those ranks' output may be
+incomplete, and the job did not succeed.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.base.clock import Clock
+from launcher.core.config import rank_set
+from launcher.loop.rankrun import RankRun, Signalled
+
+QUIET_S = 10.0  # beyond the grace: an open stream silent this long after the end is given up
+CAP_S = 120.0  # after the loop ended, at most this long for output still arriving
+
+
+@dataclass(frozen=True)
+class DrainCut:
+    """Streams still open when the drain stopped waiting: whose, and why it stopped."""
+
+    ranks: tuple[int, ...]
+    why: str
+
+
+def drain_streams(
+    clock: Clock,
+    events: queue.SimpleQueue[Any],
+    handle: Callable[[Any], object],
+    runs: Callable[[], Sequence[RankRun]],
+    quiet_s: float,
+) -> DrainCut | None:
+    """Handle the inbox's messages until every stream of ``runs`` has ended (None), or
+    until its streams have been silent for ``quiet_s``, ``CAP_S`` passed, or dtrain got a
+    signal (the cut).  A rank that dtrain holds back (a full outlet) is not silent."""
+    start = clock.now()
+    cut: str | None = None
+    while any(run.open_streams for run in runs()):
+        now = clock.now()
+        open_runs = [run for run in runs() if run.open_streams]
+        heard = max([start, *(now if run.holds else run.last_data for run in open_runs)])
+        if now >= start + CAP_S:
+            cut = f"it was still arriving {CAP_S:g} s after the ranks' end"
+        elif now - heard >= quiet_s:
+            cut = f"its streams were open but silent for {quiet_s:g} s after the ranks' end"
+        if cut is not None:
+            break
+        message = clock.take(events, min(start + CAP_S, heard + quiet_s) - now)
+        if isinstance(message, Signalled):
+            name = signal.Signals(message.signum).name
+            cut = f"dtrain got {name} while it was still arriving"
+            break
+        if message is not None:
+            handle(message)
+    while True:  # what came meanwhile (exits of ranks given up on, stream ends)
+        try:
+            handle(events.get_nowait())
+        except queue.Empty:
+            break
+    if cut is None:
+        return None
+    left = sorted({run.spec.rank for run in runs() if run.open_streams})
+    return DrainCut(tuple(left), cut) if left else None
+
+
+def judge_output(
+    runs: Iterable[RankRun], cut: DrainCut | None, exit_code: int
+) -> tuple[str | None, int]:
+    """Whose output may be incomplete and why (None: every stream ended), and the job's
+    exit code: a job whose every rank exited 0 did not succeed if lines may be missing
+    (255 when a lost host cut them, as for a lost host; else 1)."""
+    causes: dict[str, list[int]] = {}
+    for run in runs:
+        for cause in sorted(set(run.cut.values())):
+            why = f"their host was lost before it ended ({cause})"
+            causes.setdefault(why, []).append(run.spec.rank)
+    lost = bool(causes)
+    if cut is not None:
+        causes.setdefault(cut.why, []).extend(cut.ranks)
+    if not causes:
+        return None, exit_code
+    text = "; ".join(
+        f"the output of rank(s) {rank_set(ranks)} may be incomplete: {why}"
+        for why, ranks in causes.items()
+    )
+    return text, exit_code if exit_code != 0 else 255 if lost else 1
