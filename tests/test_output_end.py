@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
 from launcher.core.outcome import Stream
 from launcher.loop import drain
+from launcher.loop.rankrun import Signalled
 from launcher.loop.supervisor import Supervisor
 from launcher.remote import agent
 from launcher.streams.jobdir import JobDir
@@ -174,6 +176,91 @@ def test_a_stream_still_delivering_is_cut_only_at_the_cap() -> None:
         (3,), f"it was still arriving {drain.CAP_S:g} s after the ranks' end"
     )
     assert clock.now() - began == drain.CAP_S
+
+
+def test_after_a_signal_the_drain_waits_only_a_short_bound() -> None:
+    """The user asked to stop: output still arriving (an escaped writer) gets the stopped
+    bounds, never the 120 s cap or the grace and QUIET_S of silence."""
+    assert drain.bounds(5.0, stopped=True) == (drain.STOPPED_QUIET_S, drain.STOPPED_CAP_S)
+    assert drain.bounds(5.0, stopped=False) == (5.0 + drain.QUIET_S, drain.CAP_S)
+    clock = SteppingClock()
+    began = clock.now()
+    runs: list[Any] = [Delivering(clock)]
+    quiet_s, cap_s = drain.bounds(5.0, stopped=True)
+    cut = drain.drain_streams(clock, queue.SimpleQueue(), print, lambda: runs, quiet_s, cap_s)
+    assert cut is not None and cut.ranks == (3,) and cut.signum is None
+    assert clock.now() - began == drain.STOPPED_CAP_S
+
+
+def test_a_job_stopped_by_a_signal_gives_up_a_silent_stream_soon() -> None:
+    """Ctrl-C came before the drain: a stream held open in silence is given up after
+    STOPPED_QUIET_S, not after the grace and QUIET_S (the kill path never waits on output)."""
+    release = threading.Event()
+    chunks = iter([b"first line\n"])
+
+    def held_open() -> bytes:
+        chunk = next(chunks, None)
+        if chunk is None:
+            release.wait(60)  # (released at the end of the test)
+            return b""
+        return chunk
+
+    clock = FakeClock()
+    supervisor = Supervisor(
+        [spec(0)],
+        Processes({0: ScriptedProcess(spec(0), held_open)}),
+        RecordingSink(),
+        clock=clock,
+        handle_signals=False,
+    )
+    original = supervisor.drain
+
+    def drain_after_ctrl_c() -> None:
+        supervisor.stop_requested = True  # as on_signal leaves it
+        began[0] = clock.now()
+        original()
+
+    began = [0.0]
+    supervisor.drain = drain_after_ctrl_c  # type: ignore[method-assign]
+    try:
+        supervisor.run()
+    finally:
+        release.set()
+    assert clock.now() - began[0] < supervisor.grace_s + drain.QUIET_S
+    assert clock.now() - began[0] <= drain.STOPPED_CAP_S
+
+
+def test_a_signal_during_the_drain_ends_the_job_as_interrupted() -> None:
+    """SIGHUP (a closed terminal) while output still arrives: the job is interrupted, exit
+    129, and whose output may be incomplete is said; not 'failed' with exit 1."""
+    release = threading.Event()
+    chunks = iter([b"first line\n"])
+
+    def held_open() -> bytes:
+        chunk = next(chunks, None)
+        if chunk is None:
+            release.wait(60)  # (released at the end of the test)
+            return b""
+        return chunk
+
+    clock = FakeClock()
+    processes = {0: ScriptedProcess(spec(0), held_open)}
+    supervisor = Supervisor(
+        [spec(0)], Processes(processes), RecordingSink(), clock=clock, handle_signals=False
+    )
+    original = supervisor.drain
+
+    def drain_with_a_hangup() -> None:
+        supervisor.events.put(Signalled(signal.SIGHUP))  # arrives while the drain waits
+        original()
+
+    supervisor.drain = drain_with_a_hangup  # type: ignore[method-assign]
+    try:
+        result = supervisor.run()
+    finally:
+        release.set()
+    assert result.interrupt == signal.SIGHUP and result.exit_code == 129
+    assert result.incomplete is not None and "SIGHUP" in result.incomplete
 
 
 class LostHostProcess(ScriptedProcess):

@@ -24,14 +24,21 @@ from launcher.loop.rankrun import RankRun, Signalled
 
 QUIET_S = 10.0  # beyond the grace: an open stream silent this long after the end is given up
 CAP_S = 120.0  # after the loop ended, at most this long for output still arriving
+# After a signal to dtrain (Ctrl-C, SIGTERM, SIGHUP, dtrain stop) the user asked to stop:
+# what is in flight gets a short bound, never the full wait (the kill path never waits on
+# output).  Silent this long, or this long in all, and it is given up, and said.
+STOPPED_QUIET_S = 2.0
+STOPPED_CAP_S = 5.0
 
 
 @dataclass(frozen=True)
 class DrainCut:
-    """Streams still open when the drain stopped waiting: whose, and why it stopped."""
+    """Streams still open when the drain stopped waiting: whose, and why it stopped
+    (``signum``: a signal to dtrain during the drain, which the job's end must report)."""
 
     ranks: tuple[int, ...]
     why: str
+    signum: int | None = None
 
 
 def drain_streams(
@@ -40,26 +47,28 @@ def drain_streams(
     handle: Callable[[Any], object],
     runs: Callable[[], Sequence[RankRun]],
     quiet_s: float,
+    cap_s: float = CAP_S,
 ) -> DrainCut | None:
     """Handle the inbox's messages until every stream of ``runs`` has ended (None), or
-    until its streams have been silent for ``quiet_s``, ``CAP_S`` passed, or dtrain got a
+    until its streams have been silent for ``quiet_s``, ``cap_s`` passed, or dtrain got a
     signal (the cut).  A rank that dtrain holds back (a full outlet) is not silent."""
     start = clock.now()
     cut: str | None = None
+    signum: int | None = None
     while any(run.open_streams for run in runs()):
         now = clock.now()
         open_runs = [run for run in runs() if run.open_streams]
         heard = max([start, *(now if run.holds else run.last_data for run in open_runs)])
-        if now >= start + CAP_S:
-            cut = f"it was still arriving {CAP_S:g} s after the ranks' end"
+        if now >= start + cap_s:
+            cut = f"it was still arriving {cap_s:g} s after the ranks' end"
         elif now - heard >= quiet_s:
             cut = f"its streams were open but silent for {quiet_s:g} s after the ranks' end"
         if cut is not None:
             break
-        message = clock.take(events, min(start + CAP_S, heard + quiet_s) - now)
+        message = clock.take(events, min(start + cap_s, heard + quiet_s) - now)
         if isinstance(message, Signalled):
-            name = signal.Signals(message.signum).name
-            cut = f"dtrain got {name} while it was still arriving"
+            signum = message.signum
+            cut = f"dtrain got {signal.Signals(signum).name} while it was still arriving"
             break
         if message is not None:
             handle(message)
@@ -71,7 +80,13 @@ def drain_streams(
     if cut is None:
         return None
     left = sorted({run.spec.rank for run in runs() if run.open_streams})
-    return DrainCut(tuple(left), cut) if left else None
+    return DrainCut(tuple(left), cut, signum) if left or signum else None
+
+
+def bounds(grace_s: float, stopped: bool) -> tuple[float, float]:
+    """The drain's (silence, total) bounds: the full wait for a job that ended by itself, a
+    short one for a job dtrain was asked to stop."""
+    return (STOPPED_QUIET_S, STOPPED_CAP_S) if stopped else (grace_s + QUIET_S, CAP_S)
 
 
 def judge_output(

@@ -46,7 +46,7 @@ from launcher.core.policy import (
     failed_hosts,
     start_state,
 )
-from launcher.loop.drain import QUIET_S, DrainCut, drain_streams, judge_output
+from launcher.loop.drain import DrainCut, bounds, drain_streams, judge_output
 from launcher.loop.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
 from launcher.streams.outlets import Fanout, Outlet
 from launcher.transport.base import Process, Transport
@@ -187,7 +187,9 @@ class Supervisor:
             )
             for rank, r in self.runs.items()
         ]
-        runs = [*self.retired, *self.runs.values()]
+        runs = self.every_run()
+        if self.drain_cut is not None and self.drain_cut.signum is not None:
+            state = replace(state, interrupt=state.interrupt or self.drain_cut.signum)
         incomplete, exit_code = judge_output(runs, self.drain_cut, state.exit_code)
         return JobResult(
             exit_code=exit_code,
@@ -402,13 +404,13 @@ class Supervisor:
         job's (``Fanout.let_views_lag``), so that a paused terminal does not keep what is
         still in flight from the job directory, nor lose it."""
         self.output.let_views_lag()  # readers no longer held back by a paused terminal
+        quiet_s, cap_s = bounds(self.grace_s, self.stop_requested or self.killed)
         self.drain_cut = drain_streams(
-            self.clock,
-            self.events,
-            self.handle,
-            lambda: [*self.retired, *self.runs.values()],
-            self.grace_s + QUIET_S,
+            self.clock, self.events, self.handle, self.every_run, quiet_s, cap_s
         )
+
+    def every_run(self) -> list[RankRun]:
+        return [*self.retired, *self.runs.values()]
 
     # -- starting and stopping ranks ---------------------------------------
 

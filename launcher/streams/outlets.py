@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from launcher.core.command import LaunchSpec
 
 RANK_BUFFER_BYTES = 1 << 20  # per rank and outlet: what may wait for a slow sink
+ENDED_VIEW_BYTES = 4 << 20  # per rank, once every rank ended: what a view may hold
 FINISH_POLL_S = 0.1  # how often a finishing wait looks for a signal
 LINE_OVERHEAD_BYTES = 64  # a line's cost beyond its text (list slot, bytes object)
 RESUME_FRACTION = 0.5  # a rank held back is read again once its share is this empty
@@ -89,7 +90,7 @@ class OutputQueue:
         lossy: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.limit_bytes: float = limit_bytes  # (no limit once every rank ended: ``let_lag``)
+        self.limit_bytes = limit_bytes  # (more, and lossy, once every rank ended: ``let_lag``)
         self.lossy = lossy
         self.clock = clock  # stamps the batches; deadlines of ``take`` are on it too
         self.ready = threading.Condition()
@@ -194,11 +195,14 @@ class OutputQueue:
             self.ready.notify_all()
 
     def let_lag(self) -> None:
-        """Every rank has ended: hold no reader back any more (those held back go on).  What
-        is still to come is bounded by the transports (a pipe's worth, an agent's window),
-        and by what a rank's leftovers print until its watchdog ends them."""
+        """Every rank has ended: hold no reader back any more (those held back go on), so
+        that the job directory gets what is still in flight now.  The view holds up to
+        ``ENDED_VIEW_BYTES`` of each rank for a slow or paused terminal, and past that drops
+        and counts, as ``--lossy-view`` does: an escaped process writing on into a paused
+        terminal cannot grow dtrain's memory (the job directory keeps every line)."""
         with self.ready:
-            self.limit_bytes = math.inf
+            self.limit_bytes = max(self.limit_bytes, ENDED_VIEW_BYTES)
+            self.lossy = True
             resumed = self.freed()
         for on_room in resumed:
             on_room()
@@ -343,7 +347,8 @@ class Fanout:
     def let_views_lag(self) -> None:
         """Every rank has exited: what is still in flight (a pipe's worth, an agent's window)
         is read at once, so that the job directory gets it all now, while a slow or paused
-        terminal shows it later (it is not dropped: the views hold it)."""
+        terminal shows it later (the views hold up to ``ENDED_VIEW_BYTES`` of each rank,
+        and say how many lines they dropped past that)."""
         for outlet in self.outlets:
             if outlet.is_view:
                 outlet.queue.let_lag()
