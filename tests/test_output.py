@@ -443,3 +443,20 @@ def test_a_remote_rank_with_full_outlets_gets_no_credit_until_there_is_room() ->
     assert [s for s in host.sent if s[1] == agent.CREDIT] == [
         (1, agent.CREDIT, str(2 * quarter).encode())
     ]
+
+
+def test_a_view_holds_at_most_a_bound_per_rank_once_every_rank_ended() -> None:
+    """After the ranks' end nothing holds a reader back, and a paused terminal's view keeps
+    at most ENDED_VIEW_BYTES of a rank that goes on writing (an escaped process): the rest
+    is dropped and counted, never memory without bound (it grew to 436 MB before)."""
+    from launcher.streams.outlets import ENDED_VIEW_BYTES
+
+    queue = OutputQueue(limit_bytes=1 << 20)
+    spec = LaunchSpec(rank=0, host=Host("h"), local_rank=0, argv=("x",), env={})
+    queue.let_lag()
+    line = b"x" * 1000
+    for _ in range(20_000):  # 20 MB of lines into a view nobody reads
+        assert queue.put_lines(spec, "stdout", [line])
+        assert queue.when_room((0, None), lambda: None)  # no reader is held back
+    assert sum(queue.pending.values()) <= ENDED_VIEW_BYTES + 2000
+    assert queue.dropped > 10_000
