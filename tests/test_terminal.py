@@ -240,7 +240,9 @@ def test_ctrl_c_twice_leaves_no_status_line_of_running_ranks(mark: str) -> None:
         "time.sleep(60)\n"
     )
     code, screen = on_terminal(
-        ["run", "-np", "3", "-x", f"DTRAIN_TEST_MARK={mark}", *py(stubborn)],
+        # A long grace: the second Ctrl-C, not the grace's end, must be what kills (a busy
+        # machine once delayed it past the default 5 s).
+        ["run", "-np", "3", "--grace", "60", "-x", f"DTRAIN_TEST_MARK={mark}", *py(stubborn)],
         interrupt_after="[2] up 2",
         again_after="Ctrl-C again to kill now",
         keep_escapes=True,

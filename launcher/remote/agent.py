@@ -217,10 +217,8 @@ def kill_job_processes(job_id: str, deadline_s: float = 5.0) -> dict[str, list[i
     that mpirun's daemon did not end), again until nothing is left; the pids killed."""
     killed: list[int] = []
     deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+    while True:  # one look at least, however late this thread runs (a busy machine)
         left = list(job_processes(job_id))
-        if not left:
-            break
         for pid in left:
             try:
                 os.kill(pid, 9)
@@ -228,8 +226,9 @@ def kill_job_processes(job_id: str, deadline_s: float = 5.0) -> dict[str, list[i
                 continue
             if pid not in killed:
                 killed.append(pid)
+        if not left or time.monotonic() >= deadline:
+            return {"killed": killed}
         time.sleep(0.05)
-    return {"killed": killed}
 
 
 def mpi_rank_processes(job_id: str) -> dict[int, tuple[int, int]]:
