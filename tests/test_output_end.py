@@ -41,6 +41,20 @@ def spec(rank: int, host: str = "h") -> LaunchSpec:
     return LaunchSpec(rank=rank, host=Host(host), local_rank=rank, argv=("x",), env={})
 
 
+def held_open_after(first: bytes, release: threading.Event) -> Callable[[], bytes]:
+    """A stdout that gives ``first``, then stays open in silence until ``release``."""
+    chunks = iter([first])
+
+    def read() -> bytes:
+        chunk = next(chunks, None)
+        if chunk is None:
+            release.wait(60)  # (released at the end of the test)
+            return b""
+        return chunk
+
+    return read
+
+
 class ScriptedProcess:
     """A rank whose status is known at once, and whose stdout is ``read`` (a callable that
     may wait) until it gives b""; its stderr ends at once."""
@@ -117,14 +131,7 @@ def test_a_stream_held_open_in_silence_is_given_up_and_said() -> None:
     up after the grace and ``QUIET_S`` more, the summary says whose output may be
     incomplete, and the job did not succeed (exit 1)."""
     release = threading.Event()
-    chunks = iter([b"first line\n"])
-
-    def held_open() -> bytes:
-        chunk = next(chunks, None)
-        if chunk is None:
-            release.wait(60)  # (released at the end of the test)
-            return b""
-        return chunk
+    held_open = held_open_after(b"first line\n", release)
 
     clock = FakeClock()
     sink = RecordingSink()
@@ -196,14 +203,7 @@ def test_a_job_stopped_by_a_signal_gives_up_a_silent_stream_soon() -> None:
     """Ctrl-C came before the drain: a stream held open in silence is given up after
     STOPPED_QUIET_S, not after the grace and QUIET_S (the kill path never waits on output)."""
     release = threading.Event()
-    chunks = iter([b"first line\n"])
-
-    def held_open() -> bytes:
-        chunk = next(chunks, None)
-        if chunk is None:
-            release.wait(60)  # (released at the end of the test)
-            return b""
-        return chunk
+    held_open = held_open_after(b"first line\n", release)
 
     clock = FakeClock()
     supervisor = Supervisor(
@@ -234,14 +234,7 @@ def test_a_signal_during_the_drain_ends_the_job_as_interrupted() -> None:
     """SIGHUP (a closed terminal) while output still arrives: the job is interrupted, exit
     129, and whose output may be incomplete is said; not 'failed' with exit 1."""
     release = threading.Event()
-    chunks = iter([b"first line\n"])
-
-    def held_open() -> bytes:
-        chunk = next(chunks, None)
-        if chunk is None:
-            release.wait(60)  # (released at the end of the test)
-            return b""
-        return chunk
+    held_open = held_open_after(b"first line\n", release)
 
     clock = FakeClock()
     processes = {0: ScriptedProcess(spec(0), held_open)}
