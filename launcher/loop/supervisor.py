@@ -569,7 +569,7 @@ class Supervisor:
         (within the grace) and exits.  A restart starts only after this.  The watchdogs still
         there at the end are SIGKILLed all at once and waited for together, so that settling
         takes at most the grace and twice ``SETTLE_EXTRA_S``, however many are stuck."""
-        runs = [*self.runs.values(), *self.retired]
+        runs = self.every_run()
         stuck = self.wait_gone(runs, self.clock.now() + self.grace_s + SETTLE_EXTRA_S)
         for run in stuck:
             self.unsettled.add(run.spec.rank)
