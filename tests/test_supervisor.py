@@ -152,6 +152,36 @@ def test_summary_counts_the_ranks_actually_stopped() -> None:
     assert "no other rank was running" in format_failure(alone)[-2]
 
 
+class QuickToDie(FakeProcess):
+    """Dies the moment it is signalled, and the launcher's thread runs again only later (a busy
+    machine): the rank's exit is stamped before the signal call returns."""
+
+    def signal(self, signum: int) -> None:
+        super().signal(signum)
+        time.sleep(0.2)  # the waiter stamps the exit now
+        assert self.clock is not None
+        self.clock.time += 1.0
+
+
+def test_a_rank_that_dies_at_once_on_the_signal_counts_as_stopped() -> None:
+    """The README's failure sample said "stopped the 2 ranks still running" on a busy CI
+    machine: the signal time was taken after the signal, later than the exit it caused."""
+    from launcher.view.reports import format_failure
+
+    clock = FakeClock()
+    plans: dict[int, Script] = {0: ({}, None, False), 1: ({}, 4, False), 2: ({}, None, False)}
+    transport = FakeTransport(plans, clock, delays={1: 0.5})
+    transport.start = lambda spec: transport.started.setdefault(  # type: ignore[method-assign]
+        spec.rank, (QuickToDie if spec.rank != 1 else FakeProcess)(
+            spec, plans[spec.rank], clock, 0.5 if spec.rank == 1 else 0)
+    )  # fmt: skip
+    result = Supervisor(
+        specs(3), transport, RecordingSink(), handle_signals=False, clock=clock
+    ).run()
+    assert result.stopped == 2
+    assert format_failure(result)[-2] == "dtrain: stopped the other 2 ranks"
+
+
 def test_a_second_interrupt_says_it_killed_at_once() -> None:
     from launcher.view.reports import format_failure
 

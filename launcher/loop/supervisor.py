@@ -474,10 +474,10 @@ class Supervisor:
         if signum == signal.SIGKILL:
             self.killed = True
         for rank, run in self.runs.items():
-            if run.running:
+            if run.running:  # the time before the signal: its end may be stamped at once
+                self.signalled_at.setdefault(rank, self.clock.wall())
                 run.process.signal(signum)
                 self.stopped.add(rank)
-                self.signalled_at.setdefault(rank, self.clock.wall())
                 if signum == signal.SIGKILL:
                     self.sigkilled.add(rank)
 
