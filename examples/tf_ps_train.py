@@ -20,8 +20,11 @@ training and 450 test images), which ships with the package.
 
 A worker may die and come back with the same ``TF_CONFIG`` (``dtrain ps``
 restarts it): the coordinator re-runs the steps it lost on the other workers
-and rebuilds the dataset iterator on the restarted one. Starting the chief
-again with the same ``--checkpoint-dir`` resumes from the latest checkpoint.
+and rebuilds the dataset iterator on the restarted one. The checkpoints go to
+``$DTRAIN_CHECKPOINT_DIR``, which dtrain sets per job: a new job trains from
+the start, a restart of the same job (``--max-restarts``) resumes from the
+latest checkpoint, and so does a chief started again with the same
+``--checkpoint-dir``. Without dtrain they go to ``checkpoints/tf_ps`` here.
 
 Measured on a 2-core CPU machine (chief, 2 workers, 1 ps; 10 epochs, 43
 steps each): test accuracy 0.958-0.969 over three runs, 11-14 s from start
@@ -171,7 +174,11 @@ def train(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--checkpoint-dir", default=os.path.join("checkpoints", "tf_ps"))
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=os.environ.get("DTRAIN_CHECKPOINT_DIR") or os.path.join("checkpoints", "tf_ps"),
+        help="default: $DTRAIN_CHECKPOINT_DIR (dtrain sets it per job), else ./checkpoints/tf_ps",
+    )
     args = parser.parse_args()
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -186,6 +193,7 @@ def main() -> int:
         # An evaluator (or anything else) is not needed: the chief evaluates inline.
         print(f"task type {resolver.task_type!r} has nothing to do: the chief evaluates")
         return 0
+    os.makedirs(args.checkpoint_dir, exist_ok=True)  # dtrain names it; whoever saves makes it
     accuracy = train(resolver, args.epochs, args.checkpoint_dir)
     print(f"test accuracy: {accuracy:.3f}")
     return 0

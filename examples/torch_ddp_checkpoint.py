@@ -8,7 +8,9 @@ DistributedDataParallel over gloo.  Every ``--checkpoint-every`` steps rank 0 wr
 the model, the optimizer and the step to ``$DTRAIN_CHECKPOINT_DIR`` atomically
 (write to a temporary file, fsync, rename, fsync the folder), so a crash can never
 leave a torn checkpoint; on start every rank loads the latest one and goes on from
-its step.  The order of the data depends only on the step (one seeded shuffle per
+its step.  dtrain sets that folder per job: a new job starts from scratch, a restart
+of the same job resumes (without dtrain: ``checkpoints/ddp`` here, or
+``--checkpoint-dir``).  The order of the data depends only on the step (one seeded shuffle per
 epoch, every rank its shard), so a job that restarts from a checkpoint makes the
 same updates as one that never failed and ends with the same accuracy.
 
@@ -41,8 +43,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=20, metavar="STEPS")
     parser.add_argument(
         "--checkpoint-dir",
-        default=os.environ.get("DTRAIN_CHECKPOINT_DIR", "checkpoints"),
-        help="default: $DTRAIN_CHECKPOINT_DIR (dtrain sets it), else ./checkpoints",
+        default=os.environ.get("DTRAIN_CHECKPOINT_DIR") or os.path.join("checkpoints", "ddp"),
+        help="default: $DTRAIN_CHECKPOINT_DIR (dtrain sets it per job: a new job starts "
+        "fresh, a restart resumes), else ./checkpoints/ddp",
     )
     parser.add_argument("--crash-at-step", type=int, default=None, metavar="N")
     parser.add_argument("--crash-rank", type=int, default=1)

@@ -1,6 +1,6 @@
 """The docs hold what they say: every relative link of README.md and docs/*.md resolves (files
-and #anchors), the README's first lines and quick start run as written, and its failure
-sample is what dtrain prints."""
+and #anchors), the README's first lines and quick start run as written, its failure sample
+is what dtrain prints, and so is the sweep table of docs/sweeps.md."""
 
 from __future__ import annotations
 
@@ -104,9 +104,9 @@ def test_the_pages_link_to_each_other() -> None:
     assert "docs/README.md" in links(REPO / "README.md")
 
 
-def block(name: str) -> list[str]:
-    """The commands of README.md's block between <!-- name --> and <!-- /name -->."""
-    text = (REPO / "README.md").read_text()
+def block(name: str, page: Path = REPO / "README.md") -> list[str]:
+    """The lines of a page's block between <!-- name --> and <!-- /name -->, unindented."""
+    text = page.read_text()
     inner = text.split(f"<!-- {name} -->\n", 1)[1].split(f"<!-- /{name} -->", 1)[0]
     return [line.removeprefix("    ") for line in inner.splitlines() if line.strip()]
 
@@ -232,3 +232,31 @@ def complete(command: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def sweep_table(lines: list[str]) -> list[dict[str, str]]:
+    """A sweep's table as rows of named cells, without those that vary from run to run (the
+    time a trial took, its job id)."""
+    header, *rows = [line.split() for line in lines]
+    varying = {"time", "job"}
+    return [{k: v for k, v in zip(header, row, strict=True) if k not in varying} for row in rows]
+
+
+@pytest.mark.slow  # six real torch trials
+@pytest.mark.timeout(600)
+def test_the_sweep_sample_is_what_dtrain_prints(tmp_path: Path) -> None:
+    """docs/sweeps.md's example: the same table, row for row (best first), every figure the
+    same; only the times and job ids differ."""
+    lines = block("sweep", REPO / "docs" / "sweeps.md")
+    assert lines[0].startswith("$ dtrain sweep ")
+    command = lines[0][2:]
+    rest = lines[1:]
+    while command.endswith("\\"):
+        command = command[:-1] + rest.pop(0).strip()
+    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=tmp_path, env=quickstart_env(tmp_path),
+        capture_output=True, text=True, timeout=540,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sweep_table(done.stdout.splitlines()) == sweep_table(rest), done.stdout

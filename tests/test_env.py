@@ -11,6 +11,7 @@ from launcher.core.env import (
     EnvOptions,
     build_env,
     build_tf_configs,
+    copied_names,
     parse_env_file,
     resolve_env_args,
 )
@@ -142,3 +143,87 @@ def test_exports_copy_and_override() -> None:
         resolve_env_args(["MISSING"], [], base)
     with pytest.raises(EnvError, match="not a valid variable name"):
         resolve_env_args(["A-B=1"], [], base)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("A=1\nSECRET=ab\0cd\n", ".env:2: SECRET: the value contains a NUL byte"),
+        ('A="x\0"', ".env:1: A: the value contains a NUL byte"),
+        ("BIG=" + "x" * 131068, ".env:1: BIG: NAME=value is 131,072 bytes"),
+        ("\x0c\nA=\0", ".env:2: A: the value contains a NUL byte"),  # lines as an editor counts
+    ],
+)
+def test_env_file_values_a_process_cannot_carry(text: str, message: str) -> None:
+    """posix_spawn refuses a NUL byte (every rank died of it) and Linux a variable over
+    128 KiB (E2BIG): refused up front, naming the file, the line and the name, not the value."""
+    with pytest.raises(EnvError) as info:
+        parse_env_file(text, ".env")
+    assert str(info.value).startswith(message)
+    assert "cd" not in str(info.value)  # (the value may be a secret)
+
+
+@pytest.mark.parametrize(
+    ("export", "message"),
+    [
+        ("TOKEN=ab\0cd", "-x TOKEN: the value contains a NUL byte"),
+        ("TOKEN=" + "x" * 200_000, "-x TOKEN: NAME=value is 200,006 bytes"),
+        ("TOKEN=\ud800", "-x TOKEN: the value is not valid text"),
+        ("TO\0KEN=1", "-x 'TO\\x00KEN=1': 'TO\\x00KEN' is not a valid variable name"),
+    ],
+)
+def test_export_values_a_process_cannot_carry(export: str, message: str) -> None:
+    with pytest.raises(EnvError) as info:
+        resolve_env_args([export], [], {})
+    assert str(info.value).startswith(message)
+
+
+def test_values_a_process_can_carry_pass() -> None:
+    undecodable = b"\xff".decode("utf-8", "surrogateescape")  # (argv's bytes that are not UTF-8)
+    exports = ["A=" + "x" * 131_000, f"B={undecodable}", "C=\t\x1b[0m\u00e9"]
+    assert resolve_env_args(exports, [], {}) == {
+        "A": "x" * 131_000,
+        "B": undecodable,
+        "C": "\t\x1b[0m\u00e9",
+    }
+
+
+def test_x_pattern_copies_every_matching_variable() -> None:
+    base = {"WANDB_API_KEY": "k", "WANDB_PROJECT": "p", "WANDB": "no", "wandb_x": "no", "A1": "a"}
+    assert resolve_env_args(["WANDB_*", "A?", "WANDB_PROJECT=mine"], [], base) == {
+        "WANDB_API_KEY": "k",
+        "WANDB_PROJECT": "mine",  # (a later -x NAME=value wins, as for names)
+        "A1": "a",
+    }
+    assert resolve_env_args(["NOTHING_*"], [], base) == {}  # a family may be empty
+    assert resolve_env_args(["[AW]1"], [], base) == {"A1": "a"}
+
+
+@pytest.mark.parametrize(
+    ("export", "message"),
+    [
+        ("WANDB_*=1", "-x 'WANDB_*=1': a pattern copies the variables it matches from here"),
+        ("WAN DB_*", "-x 'WAN DB_*': not a pattern of variable names"),
+        ("A-B", "-x 'A-B': 'A-B' is not a valid variable name"),
+    ],
+)
+def test_x_pattern_mistakes(export: str, message: str) -> None:
+    with pytest.raises(EnvError) as info:
+        resolve_env_args([export], [], {})
+    assert str(info.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("exports", "names", "copied"),
+    [
+        (["A", "B=1"], ["A", "B"], {"A"}),
+        (["A=1", "A"], ["A"], {"A"}),  # (the last -x of a name decides)
+        (["A", "A=1"], ["A"], set()),
+        (["A=1", "A*"], ["A", "AB"], {"A", "AB"}),
+        ([], ["FROM_ENV_FILE"], {"FROM_ENV_FILE"}),
+    ],
+)
+def test_copied_names_are_the_values_dry_run_hides(
+    exports: list[str], names: list[str], copied: set[str]
+) -> None:
+    assert copied_names(exports, names) == copied

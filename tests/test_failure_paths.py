@@ -78,7 +78,8 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a tmpfs needs root")
     mount = tmp_path / "tiny"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)])
+    # mode=700: a job root others may write to is refused (a tmpfs's root is 1777)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=700", "tmpfs", str(mount)])
     if made.returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:

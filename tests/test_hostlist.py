@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,12 @@ def test_expand_hostlist(text: str, expected: list[str]) -> None:
         ("n[a-b]", "'a-b' is not a number or a range"),
         ("n[1-2[3]]", "nested '['"),
         ("a,,b", "empty item"),
-        ("n[1-99999999]", "more than 1000000 hosts"),
+        ("n[1-99999999]", "'n[1-99999999]' gives more than 100,000 hosts"),
+        ("n[1-1000][1-1000][1-1000]", "gives more than 100,000 hosts"),  # counted, not made
+        ("h" + "[0-9]" * 6, "gives more than 100,000 hosts"),
+        ("n[1-60000],m[1-60000]", "'n[1-60000],m[1-60000]' gives more than 100,000 hosts"),
+        ("n[1-1234567890123456789]", "has a number of over 18 digits"),
+        ("n[\u0663]", "is not a number or a range"),  # an Arabic-Indic digit is not ASCII
     ],
 )
 def test_malformed_hostlists_name_the_token(text: str, message: str) -> None:
@@ -63,10 +69,42 @@ def test_expand_counts(text: str, expected: list[int]) -> None:
     assert expand_counts(text) == expected
 
 
-@pytest.mark.parametrize("text", ["2(x)", "x", "", "2(3)", "-1"])
+@pytest.mark.parametrize("text", ["2(x)", "x", "", "2(3)", "-1", "\u0663"])
 def test_malformed_count_lists(text: str) -> None:
     with pytest.raises(HostfileError, match="bad item"):
         expand_counts(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1(x100001)", "more than 100,000 counts"),
+        ("1(x60000),2(x60000)", "more than 100,000 counts"),
+        ("9" * 5000, "has a number of over 18 digits"),  # int() would refuse 4,300 digits
+    ],
+)
+def test_count_lists_are_bounded(text: str, message: str) -> None:
+    with pytest.raises(HostfileError, match=message):
+        expand_counts(text)
+
+
+def test_the_limit_counts_names_before_making_them() -> None:
+    assert len(expand_hostlist("h[1-3][1-3]", limit=9)) == 9
+    with pytest.raises(HostfileError, match="'h\\[1-3\\]\\[1-3\\]' gives more than 8 hosts"):
+        expand_hostlist("h[1-3][1-3]", limit=8)
+    assert len(expand_hostlist("h[1-50000],g[1-50000]")) == 100_000  # the limit itself is fine
+
+
+@pytest.mark.parametrize(
+    ("parse", "text"),
+    [
+        (parse_host_list, "a[1-60000],b[1-60000]"),  # each item within the limit, not both
+        (parse_hostfile, "a[1-60000] slots=1\nb[1-60000]\n"),
+    ],
+)
+def test_a_whole_list_or_hostfile_is_bounded(parse: Callable[[str], object], text: str) -> None:
+    with pytest.raises(HostfileError, match="more than 100,000 hosts"):
+        parse(text)
 
 
 def test_host_options_take_slurm_ranges() -> None:

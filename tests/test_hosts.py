@@ -16,6 +16,13 @@ HOSTFILES = Path(__file__).resolve().parent.parent / "hostfiles"
 
 GPU_UUID = "GPU-8f3e2a6c-1b2d-4c5e-9f00-123456789abc"
 
+
+def counted(name: str, user: str | None = None) -> Host:
+    """A host whose slots are counted on it when the job starts (a bare hostfile line, as
+    Open MPI 5 gives such a line the host's cores; ``host:*``)."""
+    return Host(name, user=user, slots_on_host=True)
+
+
 HOSTFILE_CASES: list[tuple[str, list[Host]]] = [
     # Open MPI / DeepSpeed
     ("node1 slots=4", [Host("node1", 4)]),
@@ -30,35 +37,39 @@ HOSTFILE_CASES: list[tuple[str, list[Host]]] = [
     ("node1:4\nnode2:2", [Host("node1", 4), Host("node2", 2)]),
     ("node1:4 max_slots=8", [Host("node1", 4, max_slots=8)]),
     ("node1:2 gpus=0,1", [Host("node1", 2, gpus=("0", "1"))]),
-    # bare names, repeats adding slots in first-appearance order
-    ("node1", [Host("node1")]),
-    ("a\na\nb", [Host("a", 2), Host("b", 1)]),
-    ("b\na\nb\nb", [Host("b", 3), Host("a", 1)]),
+    # a bare name on one line: counted on the host (Open MPI 5: its cores); on several
+    # lines: one slot a line (Open MPI: the same), in first-appearance order
+    ("node1", [counted("node1")]),
+    ("node1:*", [counted("node1")]),
+    ("node[1-2]:*", [counted("node1"), counted("node2")]),
+    ("[::1]:*", [counted("::1")]),
+    ("a\na\nb", [Host("a", 2), counted("b")]),
+    ("b\na\nb\nb", [Host("b", 3), counted("a")]),
     ("node1\nNODE1", [Host("node1", 2)]),
     # a repeated host adds its slots, counted or not (as Open MPI places them)
-    ("node1 slots=2\nnode2\nnode1 slots=2", [Host("node1", 4), Host("node2")]),
+    ("node1 slots=2\nnode2\nnode1 slots=2", [Host("node1", 4), counted("node2")]),
     ("node1 slots=2\nnode1", [Host("node1", 3)]),
     ("node1\nnode1:2", [Host("node1", 3)]),
     ("node1:1\nnode1:1", [Host("node1", 2)]),
     ("Node1 slots=2\nnode1", [Host("Node1", 3)]),
     ("u@a:2\nu@a", [Host("a", 3, user="u")]),
     ("[::1]:2\n[0::1]", [Host("::1", 3)]),
-    ("alice@a\nbob@a", [Host("a", user="alice"), Host("a", user="bob")]),
-    ("a\nalice@a", [Host("a"), Host("a", user="alice")]),
+    ("alice@a\nbob@a", [counted("a", user="alice"), counted("a", user="bob")]),
+    ("a\nalice@a", [counted("a"), counted("a", user="alice")]),
     # comments, blank lines, whitespace, line endings
     ("# cluster\n\nnode1 slots=2  # big one\n   \n", [Host("node1", 2)]),
     ("  node1\tslots=2  ", [Host("node1", 2)]),
-    ("node1#no space before comment", [Host("node1")]),
+    ("node1#no space before comment", [counted("node1")]),
     ("node1 slots=2\r\nnode2 slots=2\r\n", [Host("node1", 2), Host("node2", 2)]),
     # users
     ("alice@node1 slots=2", [Host("node1", 2, user="alice")]),
     ("alice@node1:2", [Host("node1", 2, user="alice")]),
-    ("a.b_c-d@node1", [Host("node1", user="a.b_c-d")]),
+    ("a.b_c-d@node1", [counted("node1", user="a.b_c-d")]),
     # names and addresses
     ("127.0.0.1:2", [Host("127.0.0.1", 2)]),
-    ("gpu-01.cluster.example.com", [Host("gpu-01.cluster.example.com")]),
-    ("node_1", [Host("node_1")]),
-    ("[fe80::1]", [Host("fe80::1")]),
+    ("gpu-01.cluster.example.com", [counted("gpu-01.cluster.example.com")]),
+    ("node_1", [counted("node_1")]),
+    ("[fe80::1]", [counted("fe80::1")]),
     ("[::1]:4", [Host("::1", 4)]),
     ("user@[::1]:2", [Host("::1", 2, user="user")]),
     ("[::1] slots=2", [Host("::1", 2)]),
@@ -115,9 +126,12 @@ HOSTFILE_ERRORS: list[tuple[str, str]] = [
     (
         "node1 slots=2\nnode2\nnode1 gpus=0",
         "hosts:3: 'node1 gpus=0': host 'node1' is listed twice (first at hosts:1: "
-        "'node1 slots=2'), with max_slots or gpus",
+        "'node1 slots=2'), with max_slots, gpus or ':*'",
     ),
     ("node1\nnode1 max_slots=4", "host 'node1' is listed twice"),
+    ("node1:*\nnode1", "host 'node1' is listed twice"),  # a count of its own cannot add up
+    ("node1\nnode1:*", "host 'node1' is listed twice"),
+    ("node1:* slots=2", "':*' (slots counted on the host) with slots"),
     ("node1 gpus=0\nnode1", "host 'node1' is listed twice"),
     ("Node1 max_slots=2\nnode1", "host 'node1' is listed twice (first at hosts:1: "),
     # users
@@ -191,7 +205,9 @@ def test_default_source_names_the_hostfile() -> None:
 
 
 HOST_LIST_CASES: list[tuple[str, list[Host]]] = [
-    ("node1", [Host("node1")]),
+    ("node1", [Host("node1")]),  # a bare -H item is 1 slot (Open MPI 5: the same)
+    ("node1:*", [counted("node1")]),  # the host's own count, as mpirun's -H node1:*
+    ("a:*,b:2", [counted("a"), Host("b", 2)]),
     ("a:4,b:4", [Host("a", 4), Host("b", 4)]),
     ("a,a,b", [Host("a", 2), Host("b", 1)]),
     ("b,a,b", [Host("b", 2), Host("a", 1)]),
@@ -222,6 +238,8 @@ HOST_LIST_ERRORS: list[tuple[str, str]] = [
     (",a", "item 1 is empty"),
     ("a, ,b", "item 2 is empty"),
     ("a:x", "-H 'a:x': slots must be a positive integer"),
+    ("a:**", "slots must be a positive integer"),
+    ("a:*,a", "host 'a' is listed twice"),
     ("a:0", "slots must be a positive integer"),
     ("a:-2", "slots must be a positive integer"),
     ("::1", "more than one ':'"),
@@ -240,6 +258,14 @@ def test_parse_host_list_errors(spec: str, message: str) -> None:
         parse_host_list(spec)
     assert message in caught.value.message
     assert caught.value.hint
+
+
+def test_a_discovery_scripts_bare_line_is_one_slot() -> None:
+    """Hosts a discovery script prints come and go between surveys: a bare line is 1 slot
+    (horovodrun's reading), and ``host:*`` has no meaning there."""
+    assert parse_hostfile("a\nb:2", "discover", bare_on_host=False) == [Host("a"), Host("b", 2)]
+    with pytest.raises(HostfileError, match="slots must be a positive integer"):
+        parse_hostfile("a:*", "discover", bare_on_host=False)
 
 
 def test_host_list_source_names_the_option() -> None:
@@ -280,7 +306,7 @@ EXAMPLES: dict[str, list[Host]] = {
         Host("::1", 2),
         Host("node4", 2, gpus=("0", "1")),
     ],
-    "plain.txt": [Host("localhost", 2), Host("node1"), Host("node2")],
+    "plain.txt": [Host("localhost", 2), counted("node1"), counted("node2")],
     "gpus.txt": [
         Host("node1", 4, gpus=("0", "1", "2", "3")),
         Host("node2", 2, gpus=("2", "3")),
@@ -353,7 +379,8 @@ def test_rendered_hosts_parse_back(slots_by_name: dict[str, int]) -> None:
     bare = "\n".join(name for name, slots in slots_by_name.items() for _ in range(slots))
     assert parse_hostfile(openmpi) == expected
     assert parse_host_list(horovod) == expected
-    assert parse_hostfile(bare) == expected
+    # one bare line: counted on the host; more: one slot a line
+    assert parse_hostfile(bare) == [h if h.slots > 1 else counted(h.name) for h in expected]
 
 
 @pytest.mark.parametrize(

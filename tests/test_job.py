@@ -213,7 +213,7 @@ def test_restarts_wait_their_backoff_on_the_jobs_clock(
     assert isinstance(outcome, Finished) and outcome.result.exit_code == 3
     restarts = [n for n in frontend.notices if "restart" in n]
     assert restarts == [
-        f"dtrain: attempt {n} failed (rank 1 on localhost exit code 3); restart {n + 1} of 3 "
+        f"dtrain: attempt {n} failed (rank 1 on localhost: exit code 3); restart {n + 1} of 3 "
         f"in {wait} s"
         for n, wait in enumerate(waits)
     ]

@@ -10,12 +10,20 @@ from tests.conftest import JOBS, run_dtrain, wait_until_gone
 
 pytestmark = pytest.mark.timeout(120)
 
+# Each rank goes into its function (lines 3 and 5, which the summary names), then waits
+# there until every rank is in its own, printing meanwhile: no silence, hence no hang, can
+# begin before then, however long a rank takes to start on a busy machine.
 HUNG = """import os, time
 def wait_in_all_reduce():
-    time.sleep(60)
+    all_here(); time.sleep(60)
 def wander_elsewhere():
-    time.sleep(60)
-print("ready", flush=True)
+    all_here(); time.sleep(60)
+def all_here():
+    open(f"here-{os.environ['RANK']}", "w").close()
+    while len([n for n in os.listdir() if n.startswith("here-")]) < int(os.environ["WORLD_SIZE"]):
+        print("waiting for the others", flush=True)
+        time.sleep(0.1)
+    print("ready", flush=True)
 if os.environ["RANK"] == "2":
     wander_elsewhere()
 else:
@@ -59,10 +67,16 @@ def test_on_hang_dump_keeps_the_job_going(tmp_path: Path) -> None:
 
 
 def test_output_keeps_a_job_from_being_hung() -> None:
-    code = "import time\nfor i in range(5):\n    print(i, flush=True); time.sleep(0.5)\n"
-    result = run_dtrain("run", "-np", "2", "--hang-timeout", "1.5", "python", "-c", code)
+    """Ranks that print every 0.1 s for 3 s outlive a --hang-timeout of 1.5 s: a shell loop,
+    which starts in milliseconds (a Python rank's start on a busy machine could itself take
+    most of the timeout), and gaps 15 times shorter than it."""
+    loop = "for i in $(seq 30); do echo $i; sleep 0.1; done"
+    result = run_dtrain("run", "-np", "2", "--hang-timeout", "1.5", "sh", "-c", loop)
     assert result.returncode == 0, result.stderr
     assert "stacks" not in result.stderr
+    assert sorted(result.stdout.splitlines()) == sorted(
+        f"[{r}] {i}" for r in (0, 1) for i in range(1, 31)
+    )
 
 
 def test_the_wall_clock_limit(mark: str) -> None:

@@ -112,7 +112,8 @@ def test_rank_killed_by_signal_under_mpi(mark: str) -> None:
     )
 
 
-def test_dry_run_prints_the_mpirun_command() -> None:
+def test_dry_run_prints_the_mpirun_command(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")  # a dry run checks the script here, as a run does
     result = run_dtrain(
         "run",
         "--mpi",
@@ -126,6 +127,7 @@ def test_dry_run_prints_the_mpirun_command() -> None:
         "NCCL_DEBUG=INFO",
         "python",
         "train.py",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
@@ -200,7 +202,7 @@ def test_a_killed_launchers_hostfile_folder_is_removed_by_the_next() -> None:
     live = Path(tempfile.gettempdir()) / f"dtrain-mpi-{os.getpid()}-def456"  # a running one's
     live.mkdir()
     try:
-        result = run_dtrain("run", "--mpi", "--dry-run", "-np", "1", "python", "x.py")
+        result = run_dtrain("run", "--mpi", "--dry-run", "-np", "1", "true")
         assert result.returncode == 0, result.stderr
         assert not stale.exists() and live.exists()
     finally:
@@ -236,20 +238,28 @@ def test_a_killed_launcher_left_a_zombie_has_its_folder_removed_too(tmp_path: Pa
 @pytest.mark.parametrize(
     ("placed", "real", "map_by", "expected"),
     [
-        ({"a": 4}, {"a": 2}, "slot", ({"a": 2}, "slot", True)),  # 4 ranks, 2 cores: says so
-        ({"a": 2}, {"a": 8}, "slot", ({"a": 8}, "slot", False)),  # room left (MPI_Comm_spawn)
-        ({"a": 4, "b": 2}, {"a": 4, "b": 4}, "slot", ({"a": 4, "b": 4}, "slot", False)),
-        ({"a": 2, "b": 1}, {"a": 4, "b": 4}, "node", ({"a": 4, "b": 4}, "node", False)),
-        ({"a": 2, "b": 2}, {"a": 4, "b": 4}, "slot", ({"a": 4, "b": 4}, "ppr:2:node", False)),
-        ({"a": 3, "b": 3}, {"a": 2, "b": 2}, "slot", ({"a": 2, "b": 2}, "ppr:3:node", True)),
-        ({"a": 3, "b": 1}, {"a": 2, "b": 2}, "slot", ({"a": 3, "b": 1}, "slot", False)),
+        ({"a": 4}, {"a": 2}, "slot", ({"a": 2}, "slot", True, None)),  # 4 ranks, 2 cores
+        ({"a": 2}, {"a": 8}, "slot", ({"a": 8}, "slot", False, None)),  # room for spawn
+        ({"a": 4, "b": 2}, {"a": 4, "b": 4}, "slot", ({"a": 4, "b": 4}, "slot", False, None)),
+        ({"a": 2, "b": 1}, {"a": 4, "b": 4}, "node", ({"a": 4, "b": 4}, "node", False, None)),
+        # K on every host (--nproc-per-node, ppr) with slots to spare: dealt by node, numbered
+        # by slot; ppr would cap what MPI_Comm_spawn starts at K a host too
+        (
+            {"a": 2, "b": 2},
+            {"a": 4, "b": 4},
+            "slot",
+            ({"a": 4, "b": 4}, "node", False, "slot"),
+        ),
+        ({"a": 2, "b": 1}, {"a": 4, "b": 4}, "slot", ({"a": 4, "b": 4}, "node", False, "slot")),
+        ({"a": 3, "b": 3}, {"a": 2, "b": 2}, "slot", ({"a": 2, "b": 2}, "ppr:3:node", True, None)),
+        ({"a": 3, "b": 1}, {"a": 2, "b": 2}, "slot", ({"a": 3, "b": 1}, "slot", False, None)),
     ],
 )
 def test_open_mpi_gets_the_real_slots_and_dtrains_placement(
     placed: dict[str, int], real: dict[str, int], map_by: str, expected: tuple[object, ...]
 ) -> None:
     mapping = mpi_mapping(placed, real, map_by)
-    assert (mapping.slots, mapping.map_by, mapping.oversubscribe) == expected
+    assert (mapping.slots, mapping.map_by, mapping.oversubscribe, mapping.rank_by) == expected
 
 
 def test_mpi_ranks_get_the_torch_contract(mark: str) -> None:

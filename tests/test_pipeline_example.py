@@ -119,6 +119,18 @@ def test_bad_input_is_one_line_and_exit_2(
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
 
 
+def test_the_documented_accuracies_are_the_references(reference: dict[str, str]) -> None:
+    """docs/examples.md's figures are what the one-process runs print (which the pipelines
+    must match, below): a figure in the docs comes from a run a test makes."""
+    text = " ".join((REPO / "docs" / "examples.md").read_text().split())
+    single = re.search(r"the same model in one process \(`--single`:[^)]*\) ([\d.]+)", text)
+    whole = re.search(r"whole batches \(`--single --micro-batches 1`\) ([\d.]+)", text)
+    stages = re.search(r"Test accuracy ([\d.]+) with 2 and with 4 stages", text)
+    assert single and whole and stages, "docs/examples.md no longer gives these figures"
+    assert float(single[1]) == float(stages[1]) == accuracy(reference["micro"])
+    assert float(whole[1]) == accuracy(reference["whole"])
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("engine", ["p2p", "torch"])
 def test_two_stages_train_as_one_process_does(

@@ -13,6 +13,7 @@ from launcher.core.plan import (
     bind_cpus,
     bind_gpus,
     bind_ps_gpus,
+    count_host_slots,
     elastic_np,
     per_node_counts,
     plan_ps,
@@ -127,7 +128,13 @@ def test_whole_rank_value() -> None:
         ([A, B], 5, {}, "-np 5 is more than the 4 slots of a:2, b:2"),
         ([Host("a", 2, max_slots=3)], 4, {"oversubscribe": True}, "max_slots"),
         ([A], 0, {}, "-np 0: must be at least 1"),
-        ([A], 2, {"nproc_per_node": 2}, "-np and --nproc-per-node both given"),
+        (
+            [A, B],
+            5,
+            {"nproc_per_node": 2},
+            "-np 5 is more than the 4 ranks that 2 per host on 2 host",
+        ),
+        ([A], 0, {"nproc_per_node": 2}, "-np 0: must be at least 1"),
         ([A], None, {"nproc_per_node": 0}, "--nproc-per-node 0"),
         ([], 1, {}, "no hosts"),
     ],
@@ -138,6 +145,41 @@ def test_placement_errors(
     with pytest.raises(PlanError, match=message.replace("-", r"\-")) as info:
         plan_ranks(hosts, np, **kwargs)  # type: ignore[arg-type]
     assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("np", "kwargs", "expected"),
+    [
+        # mpirun's -np N --map-by ppr:K:node: N ranks, at most K a host, hosts in turn
+        (2, {"nproc_per_node": 1}, [(0, "a", 0, 0, 1), (1, "b", 0, 1, 1)]),
+        (3, {"nproc_per_node": 2}, [(0, "a", 0, 0, 2), (1, "a", 1, 0, 2), (2, "b", 0, 1, 1)]),
+        (1, {"nproc_per_node": 3}, [(0, "a", 0, 0, 1)]),  # slots aside, as ppr
+        (
+            3,
+            {"nproc_per_node": 2, "map_by": "node"},
+            [(0, "a", 0, 0, 2), (1, "b", 0, 1, 1), (2, "a", 1, 0, 2)],
+        ),
+        (2, {"nproc_per_node": [0, 2]}, [(0, "b", 0, 0, 2), (1, "b", 1, 0, 2)]),
+    ],
+)
+def test_np_with_ranks_per_node_caps_each_host(
+    np: int, kwargs: dict[str, object], expected: list[tuple[int, str, int, int, int]]
+) -> None:
+    assert layout(plan_ranks([A, B], np, **kwargs)) == expected  # type: ignore[arg-type]
+
+
+def test_slots_counted_on_the_host_are_its_gpus_else_its_cpus() -> None:
+    counted = Host("a", slots_on_host=True)
+    hosts = [counted, Host("b", 3), Host("c", slots_on_host=True), Host("d", slots_on_host=True)]
+    gpus = {"a": ("0", "1"), "d": ()}
+    cpus = {"a": ((0, 0),) * 8, "d": ((0, 0), (1, 0), (2, 0))}  # c: not looked at yet
+    assert count_host_slots(hosts, gpus, cpus) == [
+        Host("a", 2),
+        Host("b", 3),
+        Host("c", slots_on_host=True),
+        Host("d", 3),
+    ]
+    assert count_host_slots(hosts, gpus, cpus, by_gpus=False)[0] == Host("a", 8)
 
 
 def test_by_slot_with_fewer_ranks_leaves_later_hosts_empty() -> None:
@@ -179,6 +221,21 @@ def test_too_few_gpus_is_an_error() -> None:
         bind_gpus(plan_ranks([Host("a", 3)], 3), {"a": ("0", "1")})
     with pytest.raises(PlanError, match="--gpus-per-rank 0"):
         bind_gpus(plan_ranks([Host("a", 1)], 1), {}, 0)
+
+
+def test_gpus_per_rank_on_a_host_without_gpus_is_an_error() -> None:
+    """No CUDA_VISIBLE_DEVICES=0,1 for GPUs that do not exist: the survey looked and found
+    none; GPUs the hostfile names are taken as given."""
+    plan = plan_ranks([Host("a", 2)], 2)
+    with pytest.raises(PlanError) as caught:
+        bind_gpus(plan, {"a": ()}, 1)
+    assert caught.value.message == "--gpus-per-rank 1: no GPU found on a"
+    assert (
+        caught.value.hint
+        == "name its GPUs in the hostfile ('a gpus=0,1'), or leave out --gpus-per-rank"
+    )
+    named = plan_ranks([Host("a", 2, gpus=("4", "5"))], 2)
+    assert gpus_of(bind_gpus(named, {"a": ()}, 1)) == [("4",), ("5",)]
 
 
 def roles_of(plan: Plan) -> list[tuple[int, str, int, str]]:
@@ -242,6 +299,9 @@ def test_per_node_counts_by_gpus_else_cores() -> None:
     assert per_node_counts(hosts, "cpu", gpus, cpus) == [8, 4, 6]
     with pytest.raises(PlanError, match="--nproc-per-node gpu: no GPU found on c"):
         per_node_counts(hosts, "gpu", gpus, cpus)
+    # not looked at yet (before the survey, in a dry run): one, not "no GPU found"
+    assert per_node_counts([Host("d"), Host("b", gpus=("0", "1"))], "gpu", {}, {}) == [1, 2]
+    assert per_node_counts([Host("d")], "cpu", {"d": ("0",)}, {}) == [1]
     plan = plan_ranks(hosts, nproc_per_node=[2, 3, 1])
     assert [(r.host.name, r.local_rank, r.local_world_size) for r in plan.ranks] == [
         ("a", 0, 2),

@@ -166,6 +166,7 @@ def test_the_first_failure_is_the_earliest_not_the_first_reported() -> None:
         (AttemptEnd(143, True, 1), 0, 3, None, None),  # nor SIGTERM, even after a failure
         (AttemptEnd(1, False, 0), 0, 3, 0.25, RestartAfter(1, 0.25)),  # --restart-delay
         (AttemptEnd(1, False, 0), 9, 20, None, RestartAfter(10, 30.0)),  # backoff capped
+        (AttemptEnd(1, False, 0), 1024, 2000, None, RestartAfter(1025, 30.0)),  # 2**1024: no float
         (AttemptEnd(124, False, None), 0, 3, 0, RestartAfter(1, 0)),  # a hang restarts...
         (AttemptEnd(124, False, None, out_of_time=True), 0, 3, 0, None),  # --timeout not
         (AttemptEnd(1, False, 0, out_of_time=True), 0, 3, 0, None),  # (nor after it)

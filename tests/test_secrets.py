@@ -19,13 +19,17 @@ CHECK = 'test "$API_TOKEN" = "$1" && test "$DB_PASSWORD" = "$2" && sleep 2'
 
 
 def command_lines() -> str:
-    """Every process's command line on this machine (the test hosts' namespaces share it)."""
-    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    """Every process's whole command line on this machine (the test hosts' namespaces share
+    it): ``ww``, since without a terminal ps may cut each line at 80 columns, and did here,
+    hiding the value of a ``-x NAME=value`` on dtrain's own command line."""
+    return subprocess.run(["ps", "-wweo", "args"], capture_output=True, text=True).stdout
 
 
-def run_watching_ps(args: list[str], secrets: tuple[str, str]) -> tuple[int, str, str]:
+def run_watching_ps(
+    args: list[str], secrets: tuple[str, str], env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """Run dtrain, sampling every command line while it runs."""
-    proc = start_dtrain(*args)
+    proc = start_dtrain(*args, env=env)
     seen = ""
     while proc.poll() is None:
         seen += command_lines()
@@ -93,7 +97,7 @@ def test_secrets_stay_out_of_argv_and_files(
         *MODES[mode],
         *extra,
         "-x",
-        f"API_TOKEN={token}",
+        "API_TOKEN",  # by name, as docs/environment.md says to pass a secret
         "--env-file",
         str(env_file),
         "-x",
@@ -102,7 +106,7 @@ def test_secrets_stay_out_of_argv_and_files(
         "-c",
         check_script(tmp_path, token, password),
     ]
-    code, _, err = run_watching_ps(args, (token, password))
+    code, _, err = run_watching_ps(args, (token, password), {**child_env(), "API_TOKEN": token})
     assert code == 0, err
     (job,) = job_dirs_since(before)
     if mode == "detach":  # the background launcher runs on: watch it until the job ends

@@ -25,9 +25,9 @@ from typing import Any, Literal
 import click
 
 from launcher.base.errors import UsageError
-from launcher.cli.options import Decorator, stacked
+from launcher.cli.options import Decorator, Seconds, stacked
 
-Kind = Literal["flag", "int", "float", "text", "list"]
+Kind = Literal["flag", "int", "float", "text", "list"]  # a float is a duration (finite seconds)
 PEER_VALUES = "dtrain.peer_values"  # ctx.meta key: {field: (flag as the user spelled it, value)}
 
 
@@ -350,7 +350,7 @@ def peer_option(row: PeerFlag) -> Decorator:
     if row.kind == "flag":
         settings["is_flag"] = True
     else:
-        settings["type"] = {"int": int, "float": float}.get(row.kind, str)
+        settings["type"] = {"int": int, "float": Seconds(0)}.get(row.kind, str)
         settings["multiple"] = row.kind == "list"
     name = "peer_" + flags[0].lstrip("-").replace("-", "_")
     return click.option(*flags, name, callback=remember(row), **settings)

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Print the hosts as JSON.")
 def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> int:
     """Show the hosts and slots a hostfile or -H list resolves to (inside a Slurm allocation,
-    without either: the allocation's nodes and tasks, as dtrain run takes them)."""
+    without either: the allocation's nodes and tasks, as dtrain run takes them); a bare
+    hostfile line or HOST:* has its slots counted there when a job starts (*)."""
+    from launcher.run.planning import count_local_slots
     from launcher.run.survey import current_allocation
     from launcher.view.tables import format_hosts, hosts_as_json
 
@@ -30,6 +32,7 @@ def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> i
     if allocation is not None:
         click.echo(f"dtrain: {allocation.describe()}", err=True)
     found = list(allocation.hosts) if allocation else hosts_given(host_lists, hostfile)
+    found = count_local_slots(found, os.environ)  # (this machine's; the others' are a '*')
     click.echo(hosts_as_json(found) if as_json else "\n".join(format_hosts(found)))
     return 0
 

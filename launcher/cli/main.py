@@ -27,6 +27,7 @@ from launcher.cli.help import GroupedCommand
 from launcher.cli.hostcmds import check, hosts
 from launcher.cli.jobcmds import jobs, logs, stacks, stop, top
 from launcher.cli.options import COMMAND, CONTEXT, COUNT, JOB_COMMAND, job_options, option
+from launcher.cli.projectfile import with_project_file
 from launcher.cli.sweepcmd import sweep_command
 from launcher.core.config import JobConfig, MpiConfig, PsConfig, config_from_options, pick
 
@@ -117,11 +118,17 @@ def run(**options: Any) -> int:
       dtrain run --nproc-per-node 2 --nnodes 2 -H node1,node2 train.py
       dtrain run --mpi -np 4 python mpi_train.py
     """
-    options = with_peer_spellings(options)
+    return start_job(run_config(options))
+
+
+def run_config(options: dict[str, Any]) -> JobConfig:
+    """``dtrain run``'s parsed options (in its click context), over the project file's, as
+    the job's config; the Python API (``launcher.launch``) builds its config here too."""
+    options = with_peer_spellings(with_project_file(options))
     wants_mpi = options["mpi"] or options.get("launcher") == "openmpi"
     mca = tuple(tuple(pair) for pair in options["mca"])
     mpi = MpiConfig(options["mpirun"], mca, options["mpirun_args"]) if wants_mpi else None
-    return start_job(config_from_options(options, mpi=mpi))
+    return config_from_options(options, mpi=mpi)
 
 
 def with_peer_spellings(options: dict[str, Any]) -> dict[str, Any]:
@@ -180,7 +187,7 @@ def ps_command(**options: Any) -> int:
       dtrain ps --workers 2 --ps 1 --builtin-servers python coordinator.py
       dtrain ps --framework torch --workers 2 --ps 1 python rpc_train.py
     """
-    options = with_peer_spellings(options)
+    options = with_peer_spellings(with_project_file(options))
     return start_job(config_from_options(options, ps=pick(PsConfig, options)))
 
 
@@ -190,6 +197,10 @@ def start_job(config: JobConfig) -> int:
 
     environ = dict(os.environ)
     config = start_agent_early(config, environ)
+    if config.placement.host_lists:  # (then no agent was started early: nothing runs yet)
+        from launcher.run.preflight import check_hosts_not_split
+
+        check_hosts_not_split(config, environ)
     from launcher.core.config import validate_config
     from launcher.run.attempt import DryRun
     from launcher.run.job import run_job
@@ -282,7 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = exc.format_message().replace("\n", " ")
         if isinstance(exc, click.NoSuchOption):  # click's guesses may change the meaning: ours
             message = unknown_option(exc)
-        click.echo(f"dtrain: error: {message} (hint: see '{command} --help')", err=True)
+        hint = f"see '{command} --help'"
+        context: click.Context | None = getattr(exc, "ctx", None)
+        meant = subcommand_meant(args) if context is not None and context.command is cli else None
+        if meant is not None:
+            message, hint = meant
+        click.echo(f"dtrain: error: {message} (hint: {hint})", err=True)
         return 2
     except click.exceptions.Abort:
         click.echo("dtrain: aborted", err=True)
@@ -303,6 +319,38 @@ def unknown_option(exc: click.NoSuchOption) -> str:
 
     guess = suggestion(exc.option_name, exc.ctx.command) if exc.ctx else None
     return f"no such option {exc.option_name}" + (f" (did you mean {guess}?)" if guess else "")
+
+
+def subcommand_meant(args: Sequence[str]) -> tuple[str, str] | None:
+    """``dtrain -np 2 python x.py`` (mpirun's habit) or ``dtrain train.py``: no subcommand,
+    where ``dtrain run`` (or ``dtrain ps``) was meant.  The error and the whole line meant
+    (None: no such guess).  Only asked once the line failed: no valid line changes meaning."""
+    import shlex
+
+    if not args or args[0] in cli.commands:
+        return None
+    first = args[0]
+    if first.startswith("-"):
+        name = first.split("=", 1)[0]
+        later = next((i for i, word in enumerate(args) if word in cli.commands), None)
+        for command in (run, ps_command) if later is None else (cli.commands[args[later]],):
+            spellings = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+            if name in spellings:  # (a command named later: the options go after it)
+                rest = list(args) if later is None else [*args[:later], *args[later + 1 :]]
+                meant = shlex.join(["dtrain", str(command.name), *rest])
+                return f"{name} is an option of dtrain {command.name}", f"did you mean: {meant}"
+        return None
+    if not looks_like_program(first):
+        return None
+    meant = shlex.join(["dtrain", "run", *args])
+    return f"{first!r} is not a command of dtrain", f"did you mean: {meant}"
+
+
+def looks_like_program(word: str) -> bool:
+    """A Python script or interpreter, or a file here: what only ``dtrain run`` takes."""
+    from launcher.run.preflight import is_python_interpreter
+
+    return word.endswith(".py") or is_python_interpreter(word) or os.path.isfile(word)
 
 
 def run_main() -> None:

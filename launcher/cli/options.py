@@ -9,11 +9,13 @@ fills ``EnvConfig.exports``.  ``help.py`` says under which heading each shows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import click
 
+from launcher.core.bounds import MAX_SECONDS
 from launcher.core.config import DEFAULT_GRACE_S, DEFAULT_HOST_TIMEOUT_S, DEFAULT_SSH_TIMEOUT_S
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,6 +41,26 @@ def stacked(*decorators: Decorator) -> Decorator:
     return apply
 
 
+class Seconds(click.FloatRange):
+    """Every duration option's type: a finite number of seconds from ``low`` to ``high`` (a year
+    unless less is given).  click's FloatRange lets nan through (no comparison is true of it)
+    and inf too when there is no maximum: a nan --grace never escalates to SIGKILL, an inf
+    one overflows the teardown's waits."""
+
+    def __init__(self, low: float, high: float = MAX_SECONDS) -> None:
+        # (no maximum for click when it is the year: --help keeps saying 'x>=0.1')
+        super().__init__(low, None if high == MAX_SECONDS else high)
+        self.high = high
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value} is not a finite number of seconds", param, ctx)
+        if seconds > self.high:  # (a lower maximum is click's to check)
+            self.fail(f"{value} is more than a year ({self.high:,.0f} seconds)", param, ctx)
+        return seconds
+
+
 CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # A job command's options end at COMMAND: what follows is the command's own.
 JOB_COMMAND: dict[str, Any] = {**CONTEXT, "allow_interspersed_args": False}
@@ -46,13 +68,19 @@ COMMAND = click.argument("command", nargs=-1, required=True, type=click.UNPROCES
 JOB_DIR_OPTION = option(
     "--job-dir", "Where job directories live (default ~/.dtrain/jobs).", metavar="DIR"
 )
+# The project file (dtrain.toml or pyproject.toml's [tool.dtrain], cli/projectfile.py).
+NO_CONFIG_OPTION = option(
+    "--no-config",
+    "Ignore the project file (dtrain.toml, or [tool.dtrain] in pyproject.toml, here or above).",
+    is_flag=True,
+)
 
 SECONDS = {"metavar": "SECONDS", "show_default": True}
 COUNT = {"metavar": "N", "show_default": True}
 host_options = stacked(
     option(
         "-H --host host_lists",
-        "Hosts and slots, e.g. -H a:4,b:4 or -H a,a,b (repeatable).",
+        "Hosts and slots, e.g. -H a:4,b:4, -H a,a,b or -H a:* (its GPUs, else CPUs; repeatable).",
         multiple=True,
         metavar="HOST[:SLOTS],...",
     ),
@@ -75,14 +103,14 @@ ssh_options = stacked(
     option(
         "--ssh-timeout timeout_s",
         "Connect timeout per host.",
-        type=click.FloatRange(0.1),
+        type=Seconds(0.1),
         default=DEFAULT_SSH_TIMEOUT_S,
         **SECONDS,
     ),
     option(
         "--host-timeout host_timeout_s",
         "A host whose agent is silent this long (it beats every 5 s at most) is lost.",
-        type=click.FloatRange(1),
+        type=Seconds(1),
         default=DEFAULT_HOST_TIMEOUT_S,
         **SECONDS,
     ),
@@ -102,7 +130,8 @@ rank_options = stacked(
     ),
     option(
         "-x exports",
-        "Export a variable to every rank; NAME alone copies it from here.",
+        "Export a variable to every rank; NAME alone copies it from here, a PATTERN "
+        "('WANDB_*') every variable here it matches.",
         multiple=True,
         metavar="NAME[=VALUE]",
     ),
@@ -138,7 +167,7 @@ rank_options = stacked(
     option(
         "--grace grace_s",
         "Time between SIGTERM and SIGKILL when stopping ranks.",
-        type=click.FloatRange(0),
+        type=Seconds(0),
         default=DEFAULT_GRACE_S,
         **SECONDS,
     ),
@@ -165,6 +194,7 @@ view_options = stacked(
         is_flag=True,
     ),
     JOB_DIR_OPTION,
+    NO_CONFIG_OPTION,
     option("--detach", "Run in the background; follow with dtrain logs -f.", is_flag=True),
     option("--plain", "Plain tagged lines, no live status view.", is_flag=True),
     option("--ranks", "Show only these ranks (e.g. 0,3); all are logged.", metavar="LIST"),
@@ -183,7 +213,7 @@ view_options = stacked(
         "--collapse-window collapse_window_s",
         "How long a line waits for the same line from other ranks (one that some ranks "
         "said waits up to 2 s more for the rest).",
-        type=click.FloatRange(0.01, 60),
+        type=Seconds(0.01, 60),
         default=0.5,
         **SECONDS,
     ),
@@ -212,7 +242,7 @@ restart_options = stacked(
     option(
         "--restart-delay restart_delay_s",
         "Wait between attempts (default: 1 s, doubling up to 30 s).",
-        type=click.FloatRange(0),
+        type=Seconds(0),
         metavar="SECONDS",
     ),
     option(
@@ -235,8 +265,9 @@ restart_options = stacked(
     ),
     option(
         "--blacklist-cooldown blacklist_cooldown_s",
-        "A failed host may come back after this long (default: never, in this job).",
-        type=click.FloatRange(0),
+        "A failed host may come back after this long, even when the discovery script lists it "
+        "again (default: never, in this job).",
+        type=Seconds(0),
         metavar="SECONDS",
     ),
     option(
@@ -251,7 +282,7 @@ limit_options = stacked(
         "--hang-timeout hang_timeout_s",
         "No output from any rank for this long: take every rank's stack (job directory and "
         "terminal), then fail with 124 (see --on-hang).",
-        type=click.FloatRange(0.1),
+        type=Seconds(0.1),
         metavar="SECONDS",
     ),
     option(
@@ -264,13 +295,13 @@ limit_options = stacked(
     option(
         "--start-timeout start_timeout_s",
         "Every rank must have started within this long (else exit 124, naming the late ones).",
-        type=click.FloatRange(0.1),
+        type=Seconds(0.1),
         metavar="SECONDS",
     ),
     option(
         "--timeout time_limit_s",
         "Stop the job after this long (exit 124).",
-        type=click.FloatRange(0.1),
+        type=Seconds(0.1),
         metavar="SECONDS",
     ),
 )

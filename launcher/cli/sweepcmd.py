@@ -20,6 +20,7 @@ from launcher.cli.options import (
     COUNT,
     JOB_COMMAND,
     JOB_DIR_OPTION,
+    NO_CONFIG_OPTION,
     host_options,
     limit_options,
     option,
@@ -27,6 +28,7 @@ from launcher.cli.options import (
     ssh_options,
     stacked,
 )
+from launcher.cli.projectfile import with_project_file
 
 if TYPE_CHECKING:
     from launcher.run.sweeprecord import Sweep
@@ -95,6 +97,7 @@ sweep_options = stacked(
     option("--json as_json", "Print the results table as JSON.", is_flag=True),
     option("--plain", "A line per change of a trial's state, no live table.", is_flag=True),
     JOB_DIR_OPTION,
+    NO_CONFIG_OPTION,
 )
 
 
@@ -126,6 +129,7 @@ def sweep_command(**options: Any) -> int:
         format_trials,
     )
 
+    options = with_project_file(options)  # the project file's [sweep] and [defaults]
     environ = dict(os.environ)
     root = jobs_root(options["job_dir"], environ)
     chosen = pick(sweepstart.SweepOptions, options)

@@ -59,14 +59,15 @@ def is_python_script(program: str, head: bytes | None) -> bool:
     """Does ``program`` run with Python (as torchrun and deepspeed run ``train.py``)?
 
     A name ending in ``.py``; or a file here that is not executable (``head``: its first
-    bytes; None when it is no such file) with a Python shebang or none.
+    bytes; None when it is no such file) with a Python shebang (one without a shebang may
+    be a shell script: run with Python, every rank would fail on its first line).
     """
     if program.endswith(".py"):
         return True
     if head is None:
         return False
     first = head.split(b"\n", 1)[0]
-    return not first.startswith(b"#!") or b"python" in first
+    return first.startswith(b"#!") and b"python" in first
 
 
 def describe_specs(

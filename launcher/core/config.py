@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
 from launcher.base.errors import UsageError
+from launcher.core.bounds import DIGITS, MAX_HOSTS, MAX_RANKS, check_job_bounds, parse_count
 
 DEFAULT_GRACE_S = 5.0
 DEFAULT_SSH_TIMEOUT_S = 10.0
@@ -201,6 +202,7 @@ def validate_config(config: JobConfig) -> JobConfig:
             "write e.g. dtrain ps --framework torch --workers 2 --ps 1 python rpc_train.py",
         )
     view, placement = config.view, config.placement
+    check_job_bounds(config)  # before anything expands: -np 100000000 plans nothing
     view.rank_set  # noqa: B018  # a bad --ranks list fails now, not after the job started
     if view.local_ranks is not None:
         parse_ranks(view.local_ranks, "--local-ranks")
@@ -345,6 +347,8 @@ def config_from_options(
     """``dtrain run``'s or ``dtrain ps``'s options as one value: each option is named as the
     field it sets (ps has no -np, --tf...: those keep their defaults)."""
     options = with_peer_meanings(options)
+    if mpi is None:
+        check_mpi_only(options)
     if options.get("verbose"):  # dtrain's steps go between the lines: no live area
         options["plain"] = True
     return JobConfig(
@@ -356,6 +360,19 @@ def config_from_options(
         mpi=mpi,
         **{name: options.get(name, default) for name, default in job_fields().items()},
     )
+
+
+# mpirun's own settings: without --mpi nothing reads them, so giving one is a mistake to say.
+MPI_ONLY = (("mca", "--mca"), ("mpirun", "--mpirun"), ("mpirun_args", "--mpirun-args"))
+
+
+def check_mpi_only(options: Mapping[str, Any]) -> None:
+    for name, flag in MPI_ONLY:
+        if options.get(name):
+            raise UsageError(
+                f"{flag} is for jobs run through mpirun, and --mpi is not given",
+                f"add --mpi, or drop {flag}",
+            )
 
 
 NESTED = ("placement", "env", "ssh", "view", "ps", "mpi", "job_id")
@@ -378,7 +395,7 @@ def with_peer_meanings(options: Mapping[str, Any]) -> dict[str, Any]:
         result["nnodes"] = parse_nnodes(result["nnodes"])
     if result.get("rdzv_endpoint"):
         host, _, port = str(result.pop("rdzv_endpoint")).rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not DIGITS.fullmatch(port) or len(port) > 5:
             raise UsageError(
                 f"--rdzv-endpoint {options['rdzv_endpoint']}: expected HOST:PORT",
                 "write e.g. --rdzv-endpoint node1:29400",
@@ -390,6 +407,9 @@ def with_peer_meanings(options: Mapping[str, Any]) -> dict[str, Any]:
             f"--launcher {launcher}: dtrain starts ranks over ssh, or through mpirun with --mpi",
             "use --launcher pdsh (the default) or openmpi (--mpi)",
         )
+    address = result.get("master_addr")
+    if isinstance(address, str) and address.startswith("[") and address.endswith("]"):
+        result["master_addr"] = address[1:-1]  # an IPv6 address as in -H: MASTER_ADDR has none
     if result.get("redirects") is not None:
         result.update(parse_redirects(str(result.pop("redirects"))))
     return result
@@ -413,13 +433,14 @@ def parse_map_by(text: str, per_node: object) -> dict[str, Any]:
     base, *modifiers = text.split(":")
     found: dict[str, Any] = {"map_by": "slot"}
     if base.lower() == "ppr" and len(modifiers) >= 2 and modifiers[1].lower() == "node":
-        if not modifiers[0].isdigit() or int(modifiers[0]) < 1:
+        count = parse_count("--map-by ppr:N:node", modifiers[0], MAX_RANKS)
+        if count is None:
             raise UsageError(
                 f"--map-by {text}: ppr needs a count", "write e.g. --map-by ppr:2:node"
             )
         if per_node is not None:
             raise UsageError(f"--map-by {text} and --nproc-per-node both given", "use one of them")
-        found["nproc_per_node"], modifiers = int(modifiers[0]), modifiers[2:]
+        found["nproc_per_node"], modifiers = count, modifiers[2:]
     elif base.lower() in ("slot", "node", "core"):
         found["map_by"] = "node" if base.lower() == "node" else "slot"
     else:
@@ -443,8 +464,9 @@ def parse_per_node(text: str) -> int | PerNode:
     word = text.strip().lower()
     if word in ("auto", "gpu", "cpu"):
         return word  # type: ignore[return-value]
-    if word.isdigit() and int(word) >= 1:
-        return int(word)
+    count = parse_count("--nproc-per-node", word, MAX_RANKS)
+    if count is not None:
+        return count
     raise UsageError(
         f"--nproc-per-node {text}: expected a number, auto, gpu or cpu",
         "write e.g. --nproc-per-node 4 (auto: one per GPU, else one per core)",
@@ -453,10 +475,11 @@ def parse_per_node(text: str) -> int | PerNode:
 
 def parse_nnodes(text: str) -> int:
     """``--nnodes N`` (or torchrun's ``N:N``); an elastic MIN:MAX range is refused."""
-    low, colon, high = text.partition(":")
-    if low.isdigit() and int(low) >= 1 and (not colon or high == low):
-        return int(low)
-    if colon and low.isdigit() and high.isdigit():
+    low, colon, high = text.strip().partition(":")
+    count = parse_count("--nnodes", low, MAX_HOSTS)
+    if count is not None and (not colon or high == low):
+        return count
+    if colon and DIGITS.fullmatch(low) and DIGITS.fullmatch(high):
         raise UsageError(
             f"--nnodes {text}: elastic node ranges are not supported yet",
             f"give the number of hosts, e.g. --nnodes {high}",

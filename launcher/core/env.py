@@ -15,6 +15,11 @@ from launcher.base.errors import EnvError
 from launcher.core.plan import Plan, Rank
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# -x 'WANDB_*': name characters and fnmatch's wildcards (a class may hold ! and ranges).
+ENV_PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]!-]+\Z")
+# Linux's MAX_ARG_STRLEN: the longest NAME=value string one process may be given (a longer
+# one makes every rank's exec fail with E2BIG).
+MAX_VARIABLE_BYTES = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,8 @@ def format_host_port(host: str, port: int) -> str:
 def parse_env_file(text: str, source: str) -> dict[str, str]:
     """Parse dotenv syntax: ``NAME=value``, ``export NAME=value``, quotes, ``#`` comments."""
     result: dict[str, str] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # split on "\n" only, so line numbers match what an editor shows ("\r\n" ends a line too)
+    for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -173,7 +179,33 @@ def parse_env_file(text: str, source: str) -> dict[str, str]:
                 "names are letters, digits and '_', not starting with a digit",
             )
         result[name] = parse_env_value(value.strip(), where)
+        check_env_value(name, result[name], f"{source}:{number}: {name}")
     return result
+
+
+def check_env_value(name: str, value: str, where: str) -> None:
+    """A value a process can be given: no NUL byte (C strings end there: posix_spawn refuses
+    it, and every rank would die of it), bytes the file system encoding can write, and
+    within Linux's limit for one variable.  ``where`` names the file and line, or the -x;
+    the message never shows the value, which may be a secret."""
+    if "\0" in value:
+        raise EnvError(
+            f"{where}: the value contains a NUL byte, which no process environment can carry",
+            "remove it; pass binary data in a file and the file's path in the variable",
+        )
+    try:
+        size = len(f"{name}={value}".encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        raise EnvError(
+            f"{where}: the value is not valid text (a lone UTF-16 surrogate)",
+            "pass the value as UTF-8 text",
+        ) from None
+    if size >= MAX_VARIABLE_BYTES:
+        raise EnvError(
+            f"{where}: NAME=value is {size:,} bytes; Linux passes at most "
+            f"{MAX_VARIABLE_BYTES - 1:,} in one variable",
+            "pass large data in a file and the file's path in the variable",
+        )
 
 
 def parse_env_value(value: str, where: str) -> str:
@@ -215,7 +247,10 @@ def resolve_env_args(
 ) -> dict[str, str]:
     """Merge ``--env-file`` (source, text) pairs, then ``-x NAME[=value]`` (the command line wins).
 
-    ``-x NAME`` copies NAME from the launcher's environment, as mpirun does.
+    ``-x NAME`` copies NAME from the launcher's environment, as mpirun does; ``-x PATTERN``
+    (``'WANDB_*'``, fnmatch's ``*``, ``?`` and ``[...]``, case-sensitive as names are)
+    copies every variable of it whose name matches, none when none does: a family of
+    variables may be empty on one machine, where a variable named alone must be set.
     """
     result: dict[str, str] = {}
     for source, text in env_files:
@@ -224,6 +259,8 @@ def resolve_env_args(
         name, value = parse_export(item)
         if value is not None:
             result[name] = value
+        elif is_env_pattern(name):
+            result.update(matching_variables(name, base_env))
         elif name in base_env:
             result[name] = base_env[name]
         else:
@@ -235,12 +272,64 @@ def resolve_env_args(
 
 
 def parse_export(item: str) -> tuple[str, str | None]:
-    """One ``-x NAME[=VALUE]``: the name, and the value when one is given (None: NAME's
-    value comes from the environment the job starts in, as with mpirun)."""
+    """One ``-x NAME[=VALUE]`` or ``-x PATTERN``: the name (or pattern), and the value when
+    one is given (None: the value comes from the environment the job starts in, as with
+    mpirun)."""
     name, sep, value = item.partition("=")
+    if is_env_pattern(name):
+        if sep:
+            raise EnvError(
+                f"-x {item!r}: a pattern copies the variables it matches from here; it takes "
+                "no value",
+                f"use -x {shlex_quote(name)}, or name one variable: -x NAME=value",
+            )
+        if not ENV_PATTERN.match(name):
+            raise EnvError(
+                f"-x {item!r}: not a pattern of variable names",
+                "use letters, digits, '_' and the wildcards * ? [...], e.g. -x 'WANDB_*'",
+            )
+        return name, None
     if not ENV_NAME.match(name):
         raise EnvError(
             f"-x {item!r}: {name!r} is not a valid variable name",
-            "use -x NAME or -x NAME=value",
+            "use -x NAME, -x NAME=value or -x 'PATTERN_*'",
         )
+    if sep:
+        check_env_value(name, value, f"-x {name}")
     return name, value if sep else None
+
+
+def copied_names(exports: Sequence[str], names: Iterable[str]) -> frozenset[str]:
+    """Of the variables ``names`` (what ``resolve_env_args`` returned), those whose value came
+    from dtrain's environment (``-x NAME``, ``-x PATTERN``) or an env file, not from a
+    ``-x NAME=value``: what ``--dry-run`` shows by name only (they may be secrets)."""
+    import fnmatch
+
+    literal: set[str] = set()
+    for item in exports:
+        name, sep, _ = item.partition("=")
+        if is_env_pattern(name):
+            literal = {known for known in literal if not fnmatch.fnmatchcase(known, name)}
+        elif sep:
+            literal.add(name)
+        else:
+            literal.discard(name)
+    return frozenset(names) - literal
+
+
+def is_env_pattern(name: str) -> bool:
+    """Whether one ``-x`` names a family of variables (``WANDB_*``) rather than one."""
+    return any(wildcard in name for wildcard in "*?[")
+
+
+def matching_variables(pattern: str, base_env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``base_env`` whose names ``pattern`` matches, by name."""
+    import fnmatch
+
+    return {name: base_env[name] for name in sorted(base_env) if fnmatch.fnmatchcase(name, pattern)}
+
+
+def shlex_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)

@@ -4,7 +4,10 @@ Formats accepted (see hostfiles/ for commented examples):
 
 * Open MPI / DeepSpeed: ``node1 slots=4 max_slots=8``
 * Horovod / MPICH: ``node1:4``
-* one host per line; a host listed again adds its slots (``-H a:2,a`` is 3, as in Open MPI)
+* a bare host on one line of a hostfile, or ``node1:*``: slots counted on the host when the
+  job starts (its GPUs, else its CPUs; Open MPI counts its cores); a bare ``-H`` item is 1
+* one host per line; a host listed again adds its slots, 1 for a bare line (``-H a:2,a`` is 3,
+  as in Open MPI)
 * ``max_slots`` alone sets the slots to it (``a max_slots=4`` is 4 slots, as in Open MPI)
 * ``user@host``, IPv6 addresses in brackets (``[fe80::1]:4``)
 * an optional ``gpus=0,1,2,3`` per host
@@ -20,9 +23,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from launcher.base.errors import HostfileError
-from launcher.core.hostlist import expand_hostlist, split_top_level
+from launcher.core.hostlist import check_host_total, expand_hostlist, split_top_level
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,9 @@ class Host:
     max_slots: int | None = None  # None: no cap when oversubscribing
     user: str | None = None
     gpus: tuple[str, ...] | None = None  # explicit GPU ids from the hostfile
+    # Counted on the host when the job starts (its GPUs, else its CPUs): a bare hostfile line,
+    # or ``host:*``.  ``slots`` is 1 until then.
+    slots_on_host: bool = False
 
     @property
     def ssh_target(self) -> str:
@@ -65,12 +72,17 @@ class _Entry:
     where: str  # "hosts:3: 'line'" or "-H 'item'", for error messages
 
 
-def parse_hostfile(text: str, source: str = "<hostfile>") -> list[Host]:
+def parse_hostfile(
+    text: str, source: str = "<hostfile>", *, bare_on_host: bool = True
+) -> list[Host]:
     """Parse a hostfile; ``source`` names it in errors (``hosts:3: ...``).
 
     Each line is ``[user@]host[:slots] [key=value ...]`` with keys ``slots``,
-    ``max_slots`` (or ``max-slots``) and ``gpus``; ``#`` starts a comment.
+    ``max_slots`` (or ``max-slots``) and ``gpus``; ``#`` starts a comment.  A host on one
+    bare line has its slots counted on the host (Open MPI's rule) unless ``bare_on_host``
+    is false (a discovery script's lines: 1 slot, and no ``host:*``).
     """
+    counted: Counted = "bare" if bare_on_host else "never"
     entries = []
     # split on "\n" only, so line numbers match what an editor shows
     for number, line in enumerate(text.split("\n"), start=1):
@@ -78,7 +90,8 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> list[Host]:
         if content:
             address, *options = content.split()
             where = f"{source}:{number}: {_quote(content)}"
-            entries.extend(_parse_entries(address, options, where))
+            entries.extend(_parse_entries(address, options, where, counted))
+            check_host_total(len(entries), source)
     if not entries:
         raise HostfileError(
             f"{source}: no hosts",
@@ -99,30 +112,41 @@ def parse_host_list(spec: str, source: str = "-H") -> list[Host]:
                 f"{source} {_quote(spec)}: item {index} is empty",
                 "separate hosts with single commas, e.g. 'node1:4,node2:4'",
             )
-        entries.extend(_parse_entries(item, [], f"{source} {_quote(item)}"))
+        entries.extend(_parse_entries(item, [], f"{source} {_quote(item)}", "star"))
+        check_host_total(len(entries), source)
     return _merge_entries(entries)
 
 
-def _parse_entries(address: str, options: list[str], where: str) -> list[_Entry]:
+# Which entries have their slots counted on the host: "bare" (a hostfile's: a bare line, or
+# ``host:*``), "star" (-H's: ``host:*`` only, a bare item is 1 slot as in Open MPI) or "never".
+Counted = Literal["bare", "star", "never"]
+
+
+def _parse_entries(address: str, options: list[str], where: str, counted: Counted) -> list[_Entry]:
     """One item, or one per host of a Slurm range (``node[01-04]:8``: four hosts of 8)."""
     user, at, rest = address.rpartition("@")
     if "[" not in rest or rest.startswith("["):  # no range (brackets first: IPv6)
-        return [_parse_entry(address, options, where)]
+        return [_parse_entry(address, options, where, counted)]
     last = rest.rfind("]")
     names, slots = rest[: last + 1], rest[last + 1 :]
     if slots and not slots.startswith(":"):
         names, slots = rest, ""
     return [
-        _parse_entry(f"{user}{at}{name}{slots}", options, where)
+        _parse_entry(f"{user}{at}{name}{slots}", options, where, counted)
         for name in expand_hostlist(names, source=where)
     ]
 
 
-def _parse_entry(address: str, options: list[str], where: str) -> _Entry:
+def _parse_entry(address: str, options: list[str], where: str, counted: Counted) -> _Entry:
     """``[user@]host[:slots]`` plus ``key=value`` options -> one entry."""
     user, name, colon_slots = _split_address(address, where)
     shown = f"[{name}]" if ":" in name else name
     values = _parse_options(options, where, shown)
+    if colon_slots == "*" and counted != "never":  # mpirun's "the host's cores": counted there
+        return _counted_entry(Host(name=name, user=user, slots_on_host=True), values, where)
+    if counted == "bare" and colon_slots is None and not values:
+        host = Host(name=name, user=user, slots_on_host=True)
+        return _Entry(host, simple=True, where=where)  # listed again: 1 slot a line
     if colon_slots is not None and "slots" in values:
         raise HostfileError(
             f"{where}: slots given twice, as {_quote(':' + colon_slots)} and as 'slots='",
@@ -145,6 +169,16 @@ def _parse_entry(address: str, options: list[str], where: str) -> _Entry:
         )
     host = Host(name=name, slots=slots, max_slots=max_slots, user=user, gpus=gpus)
     return _Entry(host, simple=not (values.keys() - {"slots"}), where=where)
+
+
+def _counted_entry(host: Host, values: dict[str, str], where: str) -> _Entry:
+    """``host:*``: alone on its line (its count is the host's own), where that is allowed."""
+    if values:
+        raise HostfileError(
+            f"{where}: ':*' (slots counted on the host) with {', '.join(values)}",
+            f"write '{host.name}:*' alone, or give the numbers, e.g. '{host.name} slots=4'",
+        )
+    return _Entry(host, simple=False, where=where)
 
 
 def _split_address(address: str, where: str) -> tuple[str | None, str, str | None]:
@@ -189,7 +223,7 @@ def _check_hostname(name: str, where: str) -> None:
             f"{where}: invalid host name {_quote(name)}",
             "use letters, digits, '.', '-' or '_'; put IPv6 addresses in brackets",
         )
-    labels = name.rstrip(".").split(".")  # a trailing dot (fully qualified) is allowed
+    labels = name.removesuffix(".").split(".")  # one trailing dot (fully qualified) is allowed
     if any(not label or len(label) > MAX_LABEL_CHARS for label in labels):
         raise HostfileError(
             f"{where}: invalid host name {_quote(name)}: empty or over-long part between dots",
@@ -276,12 +310,13 @@ def _merge_entries(entries: list[_Entry]) -> list[Host]:
         key = (entry.host.user, _identity(entry.host.name))
         if key not in first:
             first[key], hosts[key] = entry, entry.host
-        elif entry.simple and first[key].simple:
-            hosts[key] = replace(hosts[key], slots=hosts[key].slots + entry.host.slots)
+        elif entry.simple and first[key].simple:  # a bare line adds 1 (as in Open MPI)
+            slots = hosts[key].slots + entry.host.slots
+            hosts[key] = replace(hosts[key], slots=slots, slots_on_host=False)
         else:
             raise HostfileError(
                 f"{entry.where}: host {_quote(entry.host.name)} is listed twice"
-                f" (first at {first[key].where}), with max_slots or gpus",
+                f" (first at {first[key].where}), with max_slots, gpus or ':*'",
                 "list the host once with all its slots, max_slots and gpus",
             )
     return list(hosts.values())
@@ -297,3 +332,12 @@ def _quote(text: str) -> str:
     if len(text) > _QUOTE_CHARS:
         text = text[:_QUOTE_CHARS] + "..."
     return repr(text)
+
+
+def check_host_name(name: str, where: str) -> None:
+    """A host name, or an IPv4 or IPv6 address without brackets, checked as -H checks them
+    (for names that come from elsewhere: --master-addr, SLURM_JOB_NODELIST)."""
+    if ":" in name:
+        _check_ipv6(name, where)
+    else:
+        _check_hostname(name, where)

@@ -46,6 +46,7 @@ class MpiMapping:
     slots: dict[str, int]  # the hostfile's slots per host
     map_by: str  # mpirun's --map-by
     oversubscribe: bool  # more ranks than slots somewhere: Open MPI must know (it yields then)
+    rank_by: str | None = None  # mpirun's --rank-by, where its default order is not dtrain's
 
 
 def fill(counts_of: Sequence[int], np: int) -> list[int]:
@@ -59,19 +60,24 @@ def fill(counts_of: Sequence[int], np: int) -> list[int]:
 
 def mpi_mapping(placed: Mapping[str, int], real: Mapping[str, int], map_by: str) -> MpiMapping:
     """Tell Open MPI the hosts' real slots (so it knows when it oversubscribes and does not
-    busy-poll) and a mapping that puts the ranks where dtrain's plan has them."""
+    busy-poll) and a mapping that puts the ranks where dtrain's plan has them.
+
+    Slots left over are MPI_Comm_spawn's: its children inherit the mapping (``:INHERIT``,
+    ``build_mpirun_argv``), so it is by slot or by node wherever that places the ranks, and
+    ppr (which would cap the children at K a host too) only where nothing else does."""
     names = list(placed)
     counts = [placed[n] for n in names]
     slots = [real.get(n, placed[n]) for n in names]
     over = any(c > s for c, s in zip(counts, slots, strict=True))
     np = sum(counts)
-    if len(names) == 1:  # (a mapping such as ppr would also bind MPI_Comm_spawn's children)
+    if len(names) == 1:
         return MpiMapping({names[0]: slots[0]}, "slot", over)
     if not over and map_by == "slot" and fill(slots, np) == counts:
         return MpiMapping(dict(zip(names, slots, strict=True)), "slot", False)
-    if not over and map_by == "node" and dealt(slots, np) == counts:
-        return MpiMapping(dict(zip(names, slots, strict=True)), "node", False)
-    if len(set(counts)) == 1:  # K on every host
+    if not over and dealt(slots, np) == counts:  # K on every host, say: dealt, then numbered
+        rank_by = "slot" if map_by == "slot" else None  # ...as dtrain numbers them
+        return MpiMapping(dict(zip(names, slots, strict=True)), "node", False, rank_by)
+    if len(set(counts)) == 1:  # K on every host, more than some host's slots
         return MpiMapping(dict(zip(names, slots, strict=True)), f"ppr:{counts[0]}:node", over)
     # Another shape: the placed counts as slots (Open MPI then cannot tell oversubscription).
     return MpiMapping(dict(placed), "slot", False)
@@ -136,15 +142,20 @@ def build_mpirun_argv(
     oversubscribe: bool = False,
     bind_to: str = "none",
     extra: Sequence[str] = (),
+    rank_by: str | None = None,
 ) -> list[str]:
     """Open MPI's mpirun command line for a dtrain job.
 
     Every variable dtrain sets is forwarded by name (``-x NAME``): its value is in
     mpirun's environment, never on a command line (where ``ps`` would show it).
     ``--output tag`` gives ``[1,RANK]<stdout>:`` prefixes that dtrain turns back
-    into its own tags.
+    into its own tags.  ``:INHERIT``: what MPI_Comm_spawn starts is placed and bound as
+    the job is (Open MPI's own default for them would bind each to a core: more children
+    than free cores fail, free slots or not).
     """
-    command = [mpirun, "-np", str(np), "--hostfile", hostfile, "--map-by", map_by]
+    command = [mpirun, "-np", str(np), "--hostfile", hostfile, "--map-by", f"{map_by}:INHERIT"]
+    if rank_by:
+        command += ["--rank-by", rank_by]
     command += ["--output", "tag"]
     if oversubscribe:
         command.append("--oversubscribe")
@@ -165,14 +176,17 @@ def build_mpirun_argv(
 # Every MPI rank gets the torch contract (RANK, LOCAL_RANK, ...) from Open MPI's own values, and
 # what dtrain's plan gave it (node rank, host, GPUs, NICs) from DTRAIN_RANK_<rank>, whose
 # NAME='value' words (quoted by ``rank_variables``) the shell reads back with eval, values
-# whole (spaces, quotes, $); then the shell execs the program (same pid for mpirun).  One sh
-# per rank: no interpreter started.
+# whole (spaces, quotes, $); every DTRAIN_RANK_<r> is then unset (mpirun forwards them all to
+# every rank: a rank sees only its own values); then the shell execs the program (same pid
+# for mpirun).  One sh per rank, its builtins only: no interpreter, no other process.
 RANK_SHIM = (
     'export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
     'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" '
     'ROLE_RANK="$OMPI_COMM_WORLD_RANK"; '
-    'eval "dtrain_own=\\${DTRAIN_RANK_$OMPI_COMM_WORLD_RANK-}"; '
-    '[ -z "$dtrain_own" ] || eval "export $dtrain_own"; unset dtrain_own; exec "$@"'
+    'eval "dtrain_own=\\${DTRAIN_RANK_$OMPI_COMM_WORLD_RANK-}"; dtrain_r=0; '
+    'while [ "$dtrain_r" -lt "$OMPI_COMM_WORLD_SIZE" ]; do '
+    'unset "DTRAIN_RANK_$dtrain_r"; dtrain_r=$((dtrain_r + 1)); done; '
+    '[ -z "$dtrain_own" ] || eval "export $dtrain_own"; unset dtrain_own dtrain_r; exec "$@"'
 )
 RANK_OWN = (
     "NODE_RANK",

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from launcher.base.errors import PlanError
+from launcher.core.bounds import check_world_size
 from launcher.core.config import BindTo, MapBy, PerNode
 from launcher.core.hosts import Host
 
@@ -40,6 +41,9 @@ class Plan:
     """All ranks of a job, ordered by rank."""
 
     ranks: tuple[Rank, ...]
+    # Placed before the hosts were counted (slots counted on a host, --nproc-per-node auto):
+    # the survey goes to these hosts, and the job is planned again from what it found.
+    provisional: bool = False
 
     @property
     def world_size(self) -> int:
@@ -110,29 +114,60 @@ def plan_ranks(
     nproc_per_node: int | Sequence[int] | None = None,
 ) -> Plan:
     """Place ``np`` ranks on ``hosts``; ``np=None`` means one per slot.  ``nproc_per_node``
-    is a count for every host, or one count per host."""
+    is a count for every host, or one count per host; with ``np`` too it is a cap (mpirun's
+    ``-np N --map-by ppr:K:node``: N ranks, at most K on each host, slots aside)."""
     if not hosts:
         raise PlanError("no hosts to place ranks on", "pass -H HOST[:SLOTS] or --hostfile FILE")
     if nproc_per_node is not None:
-        if np is not None:
-            raise PlanError(
-                "-np and --nproc-per-node both given",
-                "use one: -np N spreads N ranks over the slots, "
-                "--nproc-per-node K starts K on every host",
-            )
         if isinstance(nproc_per_node, int):
             if nproc_per_node < 1:
                 raise PlanError(f"--nproc-per-node {nproc_per_node}: must be at least 1")
             nproc_per_node = [nproc_per_node] * len(hosts)
         counts = list(nproc_per_node)
+        if np is not None:
+            counts = cap_ranks_per_host(counts, np, map_by)
+        check_world_size(sum(counts))
     else:
         if np is None:
             np = sum(h.slots for h in hosts)
         if np < 1:
             raise PlanError(f"-np {np}: must be at least 1")
+        check_world_size(np)
         counts = count_ranks_per_host(hosts, np, oversubscribe, map_by)
     order = assign_by_slot(counts) if map_by == "slot" else assign_by_node(counts)
     return place(hosts, order, [("worker", i) for i in range(len(order))])
+
+
+def with_hosts(plan: Plan, hosts: Sequence[Host]) -> Plan:
+    """``plan`` with each rank's host replaced by the same host (user and name) in ``hosts``."""
+    by_name = {(h.user, h.name): h for h in hosts}
+    ranks = tuple(
+        replace(r, host=by_name.get((r.host.user, r.host.name), r.host)) for r in plan.ranks
+    )
+    return replace(plan, ranks=ranks)
+
+
+def cap_ranks_per_host(caps: Sequence[int], np: int, map_by: MapBy) -> list[int]:
+    """``np`` ranks, at most ``caps[i]`` on host i: each host filled in turn (by slot), or one
+    per host per round (by node)."""
+    if np < 1:
+        raise PlanError(f"-np {np}: must be at least 1")
+    if np > sum(caps):
+        per_host = f"{caps[0]} per host" if len(set(caps)) == 1 else "the ranks per host"
+        raise PlanError(
+            f"-np {np} is more than the {sum(caps)} ranks that {per_host} on {len(caps)} "
+            "host(s) allow (--nproc-per-node, --map-by ppr:K:node)",
+            "lower -np, allow more ranks per host, or add hosts",
+        )
+    counts = [0] * len(caps)
+    if map_by == "slot":
+        left = np
+        for i, cap in enumerate(caps):
+            counts[i] = min(cap, left)
+            left -= counts[i]
+    else:
+        deal(counts, np, caps)
+    return counts
 
 
 def place(hosts: Sequence[Host], order: Sequence[int], roles: Sequence[tuple[str, int]]) -> Plan:
@@ -278,11 +313,15 @@ def per_node_counts(
     cpus: Mapping[str, Sequence[Cpu]],
 ) -> list[int]:
     """torchrun's ``--nproc-per-node auto|gpu|cpu`` on each host: one rank per GPU (``auto``:
-    else one per core), from the hostfile's ``gpus=`` or what was found there."""
+    else one per core), from the hostfile's ``gpus=`` or what was found there; a host not
+    looked at yet (not in ``cpus``: before the survey, in a dry run) one, until it is."""
     counts = []
     for host in hosts:
         found = host.gpus if host.gpus is not None else gpus.get(host.name, ())
         cores = len(cpus.get(host.name, ())) or 1
+        if host.name not in cpus and (per_node == "cpu" or not found):
+            counts.append(1)
+            continue
         if per_node == "gpu" and not found:
             raise PlanError(
                 f"--nproc-per-node gpu: no GPU found on {host.name}",
@@ -290,6 +329,25 @@ def per_node_counts(
             )
         counts.append(cores if per_node == "cpu" else len(found) or cores)
     return counts
+
+
+def count_host_slots(
+    hosts: Sequence[Host],
+    gpus: Mapping[str, Sequence[str]],
+    cpus: Mapping[str, Sequence[Cpu]],
+    by_gpus: bool = True,
+) -> list[Host]:
+    """The slots of the hosts that count them on the host (a bare hostfile line, ``host:*``),
+    where the survey has looked (a name in ``cpus``): one per GPU found there (``by_gpus``;
+    its hostfile ``gpus=`` cannot be given with them), else one per CPU.  Others as they are."""
+    counted = []
+    for host in hosts:
+        if host.slots_on_host and host.name in cpus:
+            found = len(gpus.get(host.name, ())) if by_gpus else 0
+            slots = found or len(cpus[host.name]) or 1
+            host = replace(host, slots=slots, slots_on_host=False)
+        counted.append(host)
+    return counted
 
 
 def select_hosts(
@@ -331,7 +389,13 @@ def filter_hosts(hosts: Sequence[Host], text: str, flag: str, keep: bool) -> lis
                 "name hosts as the hostfile does, e.g. --include node1@node2:0,1",
             )
         gpus = tuple(g.strip() for g in ids.split(",")) if colon else None
-        known = by_name[name].gpus or tuple(str(i) for i in range(by_name[name].slots))
+        known = known_gpus(by_name[name], gpus if keep else None)
+        if known is None and gpus is not None:
+            raise PlanError(
+                f"{flag} {text!r}: the GPUs of {name} are not known (its slots are counted there)",
+                f"give them in the hostfile, e.g. '{name} gpus=0,1,2,3' or '{name} slots=4'",
+            )
+        known = known or ()
         unknown = [g for g in gpus or () if g not in known]
         if unknown or gpus == ("",):
             raise PlanError(
@@ -342,7 +406,7 @@ def filter_hosts(hosts: Sequence[Host], text: str, flag: str, keep: bool) -> lis
         wanted[name] = gpus
     chosen = []
     for host in hosts:
-        known = host.gpus or tuple(str(i) for i in range(host.slots))
+        known = known_gpus(host, wanted.get(host.name) if keep else None) or ()
         if host.name not in wanted:
             chosen.extend([] if keep else [host])
             continue
@@ -352,10 +416,23 @@ def filter_hosts(hosts: Sequence[Host], text: str, flag: str, keep: bool) -> lis
             continue
         left = gpus if keep else tuple(g for g in known if g not in gpus)
         if left:
-            chosen.append(replace(host, gpus=left, slots=len(left), max_slots=None))
+            chosen.append(
+                replace(host, gpus=left, slots=len(left), max_slots=None, slots_on_host=False)
+            )
     if not chosen:
         raise PlanError(f"{flag} {text!r} leaves no host", "keep at least one host")
     return chosen
+
+
+def known_gpus(host: Host, kept: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """A host's GPU ids for --include/--exclude: its ``gpus=``, else 0..slots-1 (DeepSpeed's
+    reading of slots); a host counting its slots there: the ids ``kept`` (trusted), else
+    unknown (None)."""
+    if host.gpus:
+        return host.gpus
+    if host.slots_on_host:
+        return kept
+    return tuple(str(i) for i in range(host.slots))
 
 
 def bind_cpus(plan: Plan, topology: Mapping[str, Sequence[Cpu]], bind_to: BindTo) -> Plan:
@@ -408,7 +485,9 @@ def bind_gpus(
 
     A host's GPUs are its hostfile ``gpus=`` if given, else ``inventory[name]``
     (what nvidia-smi found there).  With no GPUs known and no
-    ``gpus_per_rank`` asked for, ranks are left unbound.
+    ``gpus_per_rank`` asked for, ranks are left unbound.  ``gpus_per_rank`` on a host
+    where none was found is an error; on a host not looked at (a dry run's other hosts),
+    its GPUs are taken to be 0, 1, ...
     """
     if gpus_per_rank is not None and gpus_per_rank < 1:
         raise PlanError(f"--gpus-per-rank {gpus_per_rank}: must be at least 1")
@@ -421,8 +500,13 @@ def bind_gpus(
             continue
         per_rank = gpus_per_rank or 1
         needed = per_rank * rank.local_world_size
-        if not known:
-            # Asked for explicitly on a host whose GPUs we cannot see: trust the user.
+        if not known and host.name in inventory:
+            raise PlanError(
+                f"--gpus-per-rank {per_rank}: no GPU found on {host.name}",
+                f"name its GPUs in the hostfile ('{host.name} gpus=0,1'), "
+                "or leave out --gpus-per-rank",
+            )
+        if not known:  # not looked at (a dry run reaches no other host): as if 0, 1, ...
             known = tuple(str(i) for i in range(needed))
         if needed > len(known):
             raise PlanError(

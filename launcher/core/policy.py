@@ -329,5 +329,7 @@ def decide_restart(
         return RestartAfter(attempt, 0.0)
     if end.exit_code == 0 or attempt >= max_restarts:
         return None
-    delay = delay_s if delay_s is not None else min(FIRST_DELAY_S * 2**attempt, MAX_DELAY_S)
+    # (the exponent capped: 1.0 * 2**1024 is no float, and attempt 1024 may come)
+    backoff = min(FIRST_DELAY_S * 2 ** min(attempt, 16), MAX_DELAY_S)
+    delay = delay_s if delay_s is not None else backoff
     return RestartAfter(attempt + 1, delay)

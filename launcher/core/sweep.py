@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.base.errors import UsageError
+from launcher.core.bounds import MAX_TRIALS, check_total
 from launcher.core.hosts import Host
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -183,6 +184,9 @@ def build_space(
             "no parameters to sweep",
             "give --grid 'lr=0.1,0.01', or --random N with --param NAME=DIST",
         )
+    trials = math.prod(len(values) for _, values in grid) * (random_count or 1)
+    flags = " and ".join(f for f, given in (("--grid", grid), ("--random", random_count)) if given)
+    check_total(flags, [trials], MAX_TRIALS, "trials")  # before any is made
     space = SearchSpace(grid, params, random_count or 0, seed)
     seen: dict[str, str] = {}
     for name in space.names:

@@ -35,6 +35,30 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def port_refusal(port: int) -> str | None:
+    """Why a server could not listen on ``port`` here, tried as torch's TCPStore binds it
+    (every address, IPv6 and IPv4, with SO_REUSEADDR: a port whose last connections wait
+    in TIME_WAIT is free); None when it can."""
+    import errno
+
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 here
+        with s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((address, port))
+                s.listen(1)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return "in use"
+                if exc.errno == errno.EACCES:
+                    return "permission denied"
+    return None
+
+
 def cpus() -> list[list[int]]:
     """[cpu, socket] of every CPU this process may run on (its affinity: cgroups, taskset)."""
     found = []
@@ -145,6 +169,10 @@ def probe(args: dict) -> dict:  # type: ignore[type-arg]
     }
     if args.get("program"):
         report["program"] = find_program(args["program"], cwd, path)
+    if args.get("script"):  # python SCRIPT: the script, beside the interpreter found above
+        report["script"] = find_program(args["script"], cwd, path)
+    if args.get("master_port"):
+        report["master_port_refusal"] = port_refusal(int(args["master_port"]))
     if args.get("route_to"):
         report["route"] = interface_towards(args["route_to"])
     if args.get("versions"):

@@ -25,6 +25,7 @@ from launcher.base.errors import LauncherError, PlanError
 from launcher.base.log import LOG
 from launcher.core.command import LaunchSpec, describe_specs
 from launcher.core.config import JobConfig
+from launcher.core.env import copied_names
 from launcher.core.errorfile import ERROR_FILE_VARIABLE, ERRORS_FOLDER, parse_error_file
 from launcher.core.outcome import JobResult, OutputSink
 from launcher.core.plan import Plan, bind_cpus
@@ -39,14 +40,17 @@ from launcher.run.planning import (
     builtin_server,
     describe_bindings,
     describe_plan,
+    dry_run_notes,
     names_mpi4py,
     plan_job,
+    plan_surveyed,
 )
-from launcher.run.survey import Survey, check_local_program
+from launcher.run.preflight import check_local_program, not_checked_note
+from launcher.run.survey import Survey
 from launcher.streams.jobdir import STOP_MARK, JobDir, open_private, write_json
 from launcher.streams.joblist import jobs_root
 from launcher.streams.outlets import Fanout, Outlet
-from launcher.streams.recorder import JobRecorder, end_record, record_attempt
+from launcher.streams.recorder import JobRecorder, clear_results, end_record, record_attempt
 from launcher.transport.base import Transport
 
 VIEW_PATIENCE_S = 2.0  # after Ctrl-C/SIGTERM, how long the view may take to show what is left
@@ -163,6 +167,15 @@ class Attempt:
             raise found[0]
         return found[0]
 
+    def check_world_size(self, plan: Plan) -> None:
+        """A restart's world size may not change unless the job is elastic."""
+        if self.world_size is not None and plan.world_size != self.world_size:
+            raise PlanError(
+                f"{plan.world_size} rank(s) fit on the hosts left "
+                f"({', '.join(h.name for h in plan.hosts)}), not {self.world_size}",
+                "allow a smaller job with --min-np",
+            )
+
     def check_cancelled(self) -> None:
         if self.cancelled is not None and self.cancelled.is_set():
             raise LauncherError("dtrain was signalled while the restart was being prepared")
@@ -170,12 +183,8 @@ class Attempt:
     def run(self) -> JobOutcome:
         plan = plan_job(self.config, self.environ, excluded=self.excluded)
         LOG.debug("job %s: plan %s", self.job_id, describe_plan(plan))
-        if self.world_size is not None and plan.world_size != self.world_size:
-            raise PlanError(
-                f"{plan.world_size} rank(s) fit on the hosts left "
-                f"({', '.join(h.name for h in plan.hosts)}), not {self.world_size}",
-                "allow a smaller job with --min-np",
-            )
+        if not plan.provisional:  # (else once the survey has counted the hosts)
+            self.check_world_size(plan)
         surveyed = self.survey_hosts(plan)
         try:
             return self.run_surveyed(plan, surveyed)
@@ -185,18 +194,23 @@ class Attempt:
     def run_surveyed(self, plan: Plan, surveyed: Survey) -> JobOutcome:
         """The attempt once the hosts are known: bind, build the specs, run (or describe)."""
         config = self.config
-        if surveyed.site.remote_hosts and isinstance(config.placement.nproc_per_node, str):
-            plan = plan_job(config, self.environ, surveyed.site, self.excluded)  # counted
-            LOG.debug("plan by the hosts' GPUs and cores: %s", describe_plan(plan))
+        if plan.provisional:  # placed before the hosts' slots were counted: again
+            plan = plan_surveyed(plan, config, self.environ, surveyed, self.excluded)
+            self.check_world_size(plan)
+        if config.dry_run:
+            for note in dry_run_notes(plan, config):
+                self.frontend.notice(note)
         self.check_cancelled()
         plan = bind_job_gpus(plan, surveyed, config)
         plan = bind_cpus(plan, surveyed.site.cpus, config.placement.bind_to)
         if config.placement.report_bindings:
             for line in describe_bindings(plan):
                 self.frontend.notice(line)
-        if not config.dry_run:
-            program = () if config.module else config.command  # a module: Python finds it
-            check_local_program(plan, surveyed.site, program, self.workdir, self.environ)
+        program = () if config.module else config.command  # a module: Python finds it
+        check_local_program(plan, surveyed.site, program, self.workdir, self.environ)
+        unchecked = [h.name for h in plan.hosts if not surveyed.site.local.get(h.name)]
+        if config.dry_run and unchecked:  # (a real run's agents look on every host)
+            self.frontend.notice(not_checked_note(unchecked, config.placement.master_port))
         specs = build_job_specs(
             plan,
             surveyed.site,
@@ -217,8 +231,8 @@ class Attempt:
             return run_mpi(self, plan, surveyed, specs)
         if names_mpi4py(config.command, self.workdir):
             self.frontend.notice(MPI4PY_WARNING)
-        if config.dry_run:
-            return DryRun(describe_specs(specs))
+        if config.dry_run:  # (values from the environment or an env file: names only)
+            return DryRun(describe_specs(specs, copied_names(config.env.exports, self.extra)))
         transport = self.transports(surveyed, config, self.environ)
         # A standing cluster's chief is the user's coordinator: not started here.
         started = [s for s in specs if not (config.standing_cluster and s.role == "chief")]
@@ -242,6 +256,7 @@ class Attempt:
         config = self.config
         job = self.open_job_dir(plan)
         clear_error_files(job)
+        clear_results(job)  # (launcher.launch's: the function's return values)
         recorder = JobRecorder(job)
         recorder.write_plan(describe_specs(specs, hidden=self.extra.keys()))
         recorder.write_status("running", None)
@@ -272,7 +287,9 @@ class Attempt:
         showing.__enter__()
         result: JobResult | None = None
         control = open_control(job, supervisor)
-        watching = watch_discovery(supervisor, plan, config.placement, self.excluded, self.clock)
+        watching = watch_discovery(
+            supervisor, plan, config.placement, self.excluded, self.clock, self.frontend.notice
+        )
         try:
             result = supervisor.run()
             if launcher is not None:

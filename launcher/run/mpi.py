@@ -134,6 +134,7 @@ def mpi_launch(
             oversubscribe=mapping.oversubscribe or config.placement.oversubscribe,
             bind_to=config.placement.bind_to,
             extra=shlex.split(config.mpi.mpirun_args or ""),
+            rank_by=mapping.rank_by,
         )
         spec = dataclasses.replace(specs[0], argv=tuple(argv), env=env, label="mpirun")
         yield MpiLaunch(argv, text, spec)

@@ -1,10 +1,11 @@
 """Where the ranks go and what they run: the job layer's glue around the pure planner.
 
 ``plan_job`` reads the hosts (-H, --hostfile, the discovery script, the Slurm allocation,
-or this machine), leaves out the hosts that failed in earlier attempts and places the
-ranks (``core/plan.py``); the GPUs the survey found are bound here too.  It is the job
-layer's and not a pure module's because it asks this machine for its GPUs and cores,
-runs the discovery script and reads hostfiles.
+or this machine), leaves out the hosts that failed in earlier attempts, counts the slots
+of the hosts that count them there (a bare hostfile line, ``host:*``: this machine's at
+once, the others' from the survey) and places the ranks (``core/plan.py``); the GPUs the
+survey found are bound here too.  It is the job layer's and not a pure module's because it
+asks this machine for its GPUs and cores, runs the discovery script and reads hostfiles.
 """
 
 from __future__ import annotations
@@ -16,17 +17,21 @@ from dataclasses import replace
 
 from launcher import remote
 from launcher.base.errors import PlanError
+from launcher.base.log import LOG
 from launcher.core.config import JobConfig
 from launcher.core.hosts import Host, parse_host_list
 from launcher.core.plan import (
+    Cpu,
     Plan,
     bind_gpus,
     bind_ps_gpus,
+    count_host_slots,
     elastic_np,
     per_node_counts,
     plan_ps,
     plan_ranks,
     select_hosts,
+    with_hosts,
 )
 from launcher.core.specs import ServerProgram, Site
 from launcher.run.survey import Survey, allocation_hosts, discover_hosts, read_hosts
@@ -47,12 +52,14 @@ def plan_job(
     """Where the ranks go: -H/--hostfile (or localhost, or the discovery script's hosts), less
     the ``excluded`` (failed) hosts, and the placement options.
 
-    ``--nproc-per-node auto|gpu|cpu`` counts each host's GPUs or cores: this machine's at
-    once, other hosts' from the survey's ``site`` (before it: one rank per host, so that
-    the survey knows where to go).
+    ``--nproc-per-node auto|gpu|cpu`` and the hosts that count their slots there (a bare
+    hostfile line, ``host:*``) count each host's GPUs or cores: this machine's at once,
+    other hosts' from the survey's ``site``.  Before it, the plan is ``provisional``: one
+    slot on each such host, oversubscribed, so that the survey goes to every host the job
+    may use (counted, a host has as many slots or more: it never needs one more host).
     """
     if config.ps is not None:
-        return plan_parameter_servers(config, environ)
+        return plan_parameter_servers(config, environ, site)
     placement = config.placement
     per_node = placement.nproc_per_node
     default_slots = placement.np or (per_node if isinstance(per_node, int) else None)
@@ -71,26 +78,85 @@ def plan_job(
             raise
         left_out = ", ".join(sorted(h.name for h in hosts if h not in healthy))
         raise PlanError(f"{exc.message} (after leaving out {left_out}: failed)", exc.hint) from None
+    by_node = isinstance(per_node, str)
+    here = {h.name: is_local_address(h.name) for h in hosts if by_node or h.slots_on_host}
+    gpus, cpus = host_facts(here, local_gpus, site)
+    hosts = count_host_slots(hosts, gpus, cpus, by_gpus=placement.gpu_binding)
+    waiting = any(h.slots_on_host for h in hosts)  # slots the survey counts
     np = placement.np
-    if placement.elastic:
+    if placement.elastic and not waiting:
         np = elastic_np(hosts, placement.np, placement.min_np, placement.max_np)
     counts: int | list[int] | None = per_node if isinstance(per_node, int) else None
-    if isinstance(per_node, str):
-        here = {h.name: is_local_address(h.name) for h in hosts}
-        gpus = {name: local_gpus for name, local in here.items() if local}
-        cpus = {name: tuple((c, 0) for c in os.sched_getaffinity(0)) for name in gpus}
-        if site is not None:
-            gpus, cpus = {**site.gpus, **gpus}, {**site.cpus, **cpus}
+    if isinstance(per_node, str):  # (other hosts: one rank each until the survey has counted)
         counts = per_node_counts(hosts, per_node, gpus, cpus)
-        if site is None:  # other hosts: one rank each until the survey has counted
-            counts = [n if here[h.name] else 1 for n, h in zip(counts, hosts, strict=True)]
-    return plan_ranks(
-        hosts,
+    placed = hosts
+    if waiting and not placement.oversubscribe:  # ranks beyond the slots: uncounted hosts'
+        placed = [h if h.slots_on_host else replace(h, max_slots=h.slots) for h in hosts]
+    plan = plan_ranks(
+        placed,
         np,
         map_by=placement.map_by,
-        oversubscribe=placement.oversubscribe,
+        oversubscribe=placement.oversubscribe or waiting,
         nproc_per_node=counts,
     )
+    uncounted = by_node and any(h.name not in cpus for h in plan.hosts)  # (not looked at yet)
+    provisional = uncounted or any(h.slots_on_host for h in plan.hosts)
+    return replace(with_hosts(plan, hosts), provisional=provisional)
+
+
+def host_facts(
+    here: Mapping[str, bool], local_gpus: tuple[str, ...], site: Site | None
+) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[Cpu, ...]]]:
+    """The GPUs and CPUs of each host in ``here`` (name -> is this machine) known so far:
+    this machine's at once, the others' once the survey has looked (``site``)."""
+    gpus = {name: local_gpus for name, local in here.items() if local}
+    cpus = {name: tuple((c, 0) for c in os.sched_getaffinity(0)) for name in gpus}
+    if site is not None:
+        gpus, cpus = {**site.gpus, **gpus}, {**site.cpus, **cpus}
+    return gpus, cpus
+
+
+def count_local_slots(hosts: Sequence[Host], environ: Mapping[str, str]) -> list[Host]:
+    """The slots of the hosts that count them there and are this machine, counted now (for
+    ``dtrain hosts``: the others are counted when a job starts there)."""
+    here = {h.name: is_local_address(h.name) for h in hosts if h.slots_on_host}
+    gpus, cpus = host_facts(here, detect_local_gpus(environ) if any(here.values()) else (), None)
+    return count_host_slots(hosts, gpus, cpus)
+
+
+def plan_surveyed(
+    plan: Plan,
+    config: JobConfig,
+    environ: Mapping[str, str],
+    surveyed: Survey,
+    excluded: Collection[str] = (),
+) -> Plan:
+    """The plan again from the hosts the survey counted, where it waited for them (the
+    hosts it reached that then get no rank are let go); else ``plan`` as it is."""
+    if not plan.provisional:
+        return plan
+    counted = plan_job(config, environ, surveyed.site, excluded)
+    surveyed.keep_hosts({h.name for h in counted.hosts})
+    LOG.debug("plan by the hosts' GPUs and cores: %s", describe_plan(counted))
+    return counted
+
+
+def dry_run_notes(plan: Plan, config: JobConfig) -> list[str]:
+    """What a dry run, which reaches no other host, cannot count: those hosts' slots."""
+    waiting = [h.name for h in plan.hosts if h.slots_on_host]
+    notes = []
+    if waiting:
+        notes.append(
+            f"dtrain: note: the slots of {', '.join(waiting)} are counted there when the job "
+            "starts (its GPUs, else its CPUs); this dry run, which reaches no other host, "
+            "counts one slot for each"
+        )
+    if plan.provisional and isinstance(config.placement.nproc_per_node, str):
+        notes.append(
+            f"dtrain: note: --nproc-per-node {config.placement.nproc_per_node} is counted on "
+            "each other host when the job starts; this dry run gives each one rank"
+        )
+    return notes
 
 
 def healthy_hosts(hosts: Sequence[Host], excluded: Collection[str]) -> list[Host]:
@@ -117,17 +183,23 @@ def job_hosts(
     return read_hosts(placement.host_lists, placement.hostfile, default_slots)
 
 
-def plan_parameter_servers(config: JobConfig, environ: Mapping[str, str]) -> Plan:
-    """``dtrain ps`` placement from -H/--hostfile and the optional role host lists."""
+def plan_parameter_servers(
+    config: JobConfig, environ: Mapping[str, str], site: Site | None = None
+) -> Plan:
+    """``dtrain ps`` placement from -H/--hostfile and the optional role host lists (hosts that
+    count their slots there: as ``plan_job`` counts them)."""
     ps, placement = config.ps, config.placement
     assert ps is not None
-    hosts = job_hosts(config, environ, ps.workers)
+    hosts = counted_hosts(job_hosts(config, environ, ps.workers), config, environ, site)
     ps_hosts = parse_host_list(ps.ps_hosts, "--ps-hosts") if ps.ps_hosts else None
     worker_hosts = parse_host_list(ps.worker_hosts, "--worker-hosts") if ps.worker_hosts else None
+    if worker_hosts is not None:
+        worker_hosts = counted_hosts(worker_hosts, config, environ, site)
+    waiting = any(h.slots_on_host for h in [*hosts, *(worker_hosts or ())])
     from_slurm = allocation_hosts(config, environ) is not None
     if worker_hosts is None and not placement.hosts_given and not from_slurm:
         hosts = [replace(hosts[0], slots=ps.workers)]
-    return plan_ps(
+    plan = plan_ps(
         hosts,
         ps.workers,
         ps.ps_tasks,
@@ -135,10 +207,23 @@ def plan_parameter_servers(config: JobConfig, environ: Mapping[str, str]) -> Pla
         worker_hosts=worker_hosts,
         chief=ps.tf,
         evaluator=ps.evaluator,
-        oversubscribe=placement.oversubscribe,
+        oversubscribe=placement.oversubscribe or waiting,
         # A standing cluster's coordinator is the user's, on this machine.
         chief_host=Host("localhost") if config.standing_cluster else None,
     )
+    return replace(plan, provisional=any(h.slots_on_host for h in plan.hosts))
+
+
+def counted_hosts(
+    hosts: Sequence[Host], config: JobConfig, environ: Mapping[str, str], site: Site | None
+) -> list[Host]:
+    """``hosts`` with the slots of those that count them there counted, where known yet."""
+    if not any(h.slots_on_host for h in hosts):
+        return list(hosts)
+    here = {h.name: is_local_address(h.name) for h in hosts if h.slots_on_host}
+    binding = config.placement.gpu_binding
+    gpus, cpus = host_facts(here, detect_local_gpus(environ) if binding else (), site)
+    return count_host_slots(hosts, gpus, cpus, by_gpus=binding)
 
 
 def bind_job_gpus(plan: Plan, surveyed: Survey, config: JobConfig) -> Plan:

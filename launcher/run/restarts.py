@@ -131,11 +131,10 @@ def run_without_unreachable(attempt: Attempt, failed: dict[str, float]) -> JobOu
 
 def restart_notice(result: JobResult, after: RestartAfter, max_restarts: int, attempt: int) -> str:
     failure = result.failure
-    what = (
-        f"rank {failure.rank} on {failure.host} {failure.cause or describe_status(failure.status)}"
-        if failure
-        else f"exit code {result.exit_code}"
-    )
+    what = f"exit code {result.exit_code}"
+    if failure is not None:  # "rank 2 on h3: the connection to h3 was lost", as the summaries
+        what = f"rank {failure.rank} on {failure.host}: "
+        what += failure.cause or describe_status(failure.status)
     return (
         f"dtrain: attempt {attempt} failed ({what}); restart {after.attempt} of "
         f"{max_restarts} in {after.delay_s:g} s"

@@ -9,27 +9,26 @@ rendezvous) and returns the facts as a pure ``Site`` beside the open agents.
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.base.errors import HostConnectionError, LauncherError, UsageError
 from launcher.base.log import LOG, PHASES
 from launcher.base.parallel import run_parallel
-from launcher.core.command import is_python_script
 from launcher.core.config import JobConfig, SshConfig, check_host_sources
 from launcher.core.hosts import Host, parse_host_list, parse_hostfile
 from launcher.core.plan import Cpu, Plan
 from launcher.core.specs import Site
 from launcher.remote.probe import cpus as probe_cpus
+from launcher.remote.probe import port_refusal
+from launcher.run.preflight import check_master_port, explicit_script, is_file, python_script
 from launcher.transport.local import (
     detect_local_gpus,
     find_free_ports,
-    find_program,
     is_local_address,
 )
 
@@ -128,7 +127,8 @@ def discover_hosts(script: str) -> list[Host]:
             f"--host-discovery-script {script}: exit code {done.returncode} ({last})",
             "the script must exit 0 and print one host[:slots] per line",
         )
-    return parse_hostfile(done.stdout, source=script)
+    # (a bare line is 1 slot: hosts come and go between surveys, horovodrun's way)
+    return parse_hostfile(done.stdout, source=script, bare_on_host=False)
 
 
 def hostfile_shorthand(host_lists: Sequence[str]) -> str | None:
@@ -138,8 +138,8 @@ def hostfile_shorthand(host_lists: Sequence[str]) -> str | None:
     if len(host_lists) != 1:
         return None
     name = host_lists[0]
-    if any(mark in name for mark in ",:@[") or not Path(name).is_file():
-        return None
+    if any(mark in name for mark in ",:@[") or not is_file(Path(name)):
+        return None  # (a name too long for a file, say, is no file: the host check says why)
     if name_resolves(name):
         raise UsageError(
             f"-H {name}: both a file here and a host name",
@@ -179,6 +179,21 @@ class Survey:
         was lost under the job."""
         return {name: a.ended for name, a in self.agents.items() if a.ended is not None}
 
+    def keep_hosts(self, names: Collection[str]) -> None:
+        """Let go of the hosts not in ``names`` (surveyed to count their slots, then given no
+        rank): their agents and connections close, and the site forgets them."""
+        for name in [n for n in self.agents if n not in names]:
+            self.agents.pop(name).close()
+        for name in [n for n in self.connections if n not in names]:
+            self.connections.pop(name).close()
+        site = self.site
+        kept: dict[str, Any] = {
+            f.name: {k: v for k, v in getattr(site, f.name).items() if k in names}
+            for f in fields(site)
+            if isinstance(getattr(site, f.name), Mapping)
+        }
+        self.site = replace(site, **kept)
+
     def close(self) -> None:
         """Drop what is still ours (agents first: closing them ends nothing yet started)."""
         for host_agent in self.agents.values():
@@ -217,6 +232,9 @@ def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], work
         for host in remote_hosts:  # an ssh alias of this machine is local too
             local[host.name] = is_local_address(resolve_target(host, settings, ssh_config).hostname)
         remote_hosts = [h for h in remote_hosts if not local[h.name]]
+    master_port, rank0 = config.placement.master_port, plan.ranks[0].host.name
+    if master_port and local[rank0]:  # (a remote rank 0's host: its probe tries the port)
+        check_master_port(master_port, rank0, port_refusal(master_port))
     ranks_on = {h.name: sum(1 for r in plan.ranks if r.host.name == h.name) for h in plan.hosts}
     facts = SiteFacts(local, python_script=python_script(config, workdir))
     # Our interpreter; on other hosts the same path where it exists, else their python3 (the
@@ -314,6 +332,10 @@ def probe_remote_hosts(
     program = config.command[0] if config.command and not config.module else None
     if program and facts.python_script and "/" not in program:
         program = f"./{program}"  # a script is looked for in the working directory, not PATH
+    script = None if facts.python_script else explicit_script(config.command)
+    if script and "/" not in script:
+        script = f"./{script}"  # python SCRIPT: in the working directory
+    rank0 = plan.ranks[0].host.name
 
     started: list[str] = []  # hosts whose agent answered (the terminal shows the count)
 
@@ -324,6 +346,8 @@ def probe_remote_hosts(
             "cwd": workdir,
             "path_prefix": environ.get("PATH"),
             "route_to": master,
+            "script": script,
+            "master_port": config.placement.master_port if name == rank0 else None,
         }
         connection = survey.connections[name]
         ssh = config.ssh
@@ -341,7 +365,7 @@ def probe_remote_hosts(
     if errors:
         raise errors[0]
     for name, (_, report) in opened.items():  # type: ignore[misc]  # no errors left
-        take_report(facts, name, report, config, workdir, program)
+        take_report(facts, name, report, config, workdir, (program, script))
     local_route = interface_towards(master)
     for name, is_local in facts.local.items():
         if is_local and local_route:
@@ -354,10 +378,14 @@ def take_report(
     report: HostReport,
     config: JobConfig,
     workdir: str,
-    program: str | None,
+    looked_up: tuple[str | None, str | None],
 ) -> None:
-    """One host's probe into the facts; a missing directory or program is an error."""
+    """One host's probe into the facts; a missing directory, program or script (``looked_up``:
+    the program and python's script asked about), or a busy --master-port is an error."""
+    program, script = looked_up
     facts.pythons[name] = report.python
+    if config.placement.master_port and report.master_port_refusal:
+        check_master_port(config.placement.master_port, name, report.master_port_refusal)
     if not report.cwd_ok:
         raise HostConnectionError(
             f"{name}: working directory {workdir} does not exist there",
@@ -374,6 +402,12 @@ def take_report(
             f"{name}: program {config.command[0]!r} not found there (PATH, {workdir})",
             "install it there, or give a path that exists on every host",
         )
+    if script is not None and report.script is None:
+        raise HostConnectionError(
+            f"{name}: script {explicit_script(config.command)} not found there in {workdir}",
+            "the same working directory must hold it on every host (a shared file "
+            "system, or a copy at the same path)",
+        )
     facts.ports[name] = list(report.ports)
     facts.gpus[name] = tuple(g["index"] for g in report.gpus)
     facts.cpus[name] = report.cpus
@@ -389,50 +423,6 @@ def take_report(
     if report.route:
         facts.interfaces[name] = report.route["interface"]
         facts.networks[name] = report.route.get("network", "")
-
-
-def python_script(config: JobConfig, workdir: str) -> bool:
-    """Does COMMAND run with Python (``train.py``, or a non-executable file here)?"""
-    if config.module:
-        return True
-    if config.no_python or not config.command:
-        return False
-    path = Path(workdir, config.command[0])
-    head: bytes | None = None
-    try:
-        if path.is_file() and not os.access(path, os.X_OK):
-            with open(path, "rb") as f:
-                head = f.read(256)
-    except OSError:
-        pass
-    return is_python_script(config.command[0], head)
-
-
-def check_local_program(
-    plan: Plan, site: Site, command: Sequence[str], workdir: str, environ: Mapping[str, str]
-) -> None:
-    """Refuse, before anything starts, a missing program or directory on this machine."""
-    if not any(site.local.get(h.name) for h in plan.hosts):
-        return
-    if not Path(workdir).is_dir():
-        raise UsageError(f"--workdir {workdir}: no such directory", "check the path")
-    if not command:
-        return  # a standing TF cluster (the servers are dtrain's), or a module
-    program = command[0]
-    if site.python_script:
-        if not Path(workdir, program).is_file():
-            raise UsageError(
-                f"script {program} not found in {workdir}",
-                "check the path, or pass --no-python to run a program of that name from PATH",
-            )
-    elif "/" in program:
-        if not Path(workdir, program).exists():
-            raise UsageError(f"program {program} not found on localhost", "check the path")
-    elif find_program(program, environ.get("PATH")) is None:
-        raise UsageError(
-            f"program {program!r} not found on PATH on localhost",
-            "check the spelling, install it, or give its full path",
-        )
 
 
 def check_hosts(

@@ -32,7 +32,7 @@ from launcher.core.sweep import (
     unused_params,
     variable_name,
 )
-from launcher.run.survey import hostfile_shorthand, read_hosts
+from launcher.run.survey import hostfile_shorthand, read_hosts, read_text
 from launcher.run.sweeprecord import (
     SWEEPS,
     Sweep,
@@ -198,7 +198,8 @@ def check_sweep(
             base, Path(), settings.np_per_trial, trial, "check", Path("hosts"), 1, "metrics"
         )
         validate_config(config)
-        resolve_env_args(config.env.exports, (), environ)  # -x: as dtrain run refuses them
+        files = [(path, read_text(path, "--env-file")) for path in config.env.env_files]
+        resolve_env_args(config.env.exports, files, environ)  # as dtrain run refuses them
     return trials, hosts
 
 

@@ -22,6 +22,7 @@ from launcher.base.errors import UsageError
 SOCKET_NAME = "control.sock"
 MAX_REQUEST_BYTES = 1 << 16
 CLIENT_TIMEOUT_S = 10.0  # a client silent this long (sending or reading) is dropped
+CLOSE_WAIT_S = 5.0  # for the accepting thread to end once the socket is shut
 Handler = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
@@ -45,7 +46,7 @@ class ControlServer:
         except OSError:
             self.server.close()
             raise
-        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread = threading.Thread(target=self.serve, name="dtrain-control-accept", daemon=True)
         self.thread.start()
 
     def serve(self) -> None:
@@ -81,7 +82,12 @@ class ControlServer:
         client.sendall(json.dumps(reply).encode())
 
     def close(self) -> None:
+        try:  # wakes the accepting thread (a close alone does not, on Linux): it ends
+            self.server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.server.close()
+        self.thread.join(CLOSE_WAIT_S)
         try:
             self.path.unlink(missing_ok=True)
         except OSError:

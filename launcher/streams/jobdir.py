@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -77,6 +78,50 @@ def make_private_dir(path: Path, exist_ok: bool) -> None:
     os.chmod(path, DIR_MODE)  # mkdir's mode is masked by the umask
 
 
+LOOSE_MODE = 0o022  # group or others may write: they could plant a job (a pid to signal)
+
+
+def check_root(root: Path, named: str) -> None:
+    """Refuse a jobs root another user could write to, as OpenSSH refuses a loose ``~/.ssh``:
+    a ``status.json`` planted there names the pid ``dtrain stop`` signals.  The root must be
+    ours (or root's) and not writable by group or others; a missing one is made 0700 when
+    the first job is (``named``: how the user gave it, for the message)."""
+    try:
+        found = root.stat()
+    except FileNotFoundError:
+        return  # not there (yet): made private with the first job
+    except (OSError, ValueError) as exc:  # a name too long, a file on the way...
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise UsageError(f"{named} {root}: cannot use it ({reason})", "check the path") from None
+    if found.st_uid not in (os.geteuid(), 0):
+        raise UsageError(
+            f"{named} {root}: owned by {user_name(found.st_uid)}, not by you: another user's "
+            "jobs cannot be trusted",
+            f"use a directory of your own: --job-dir {DEFAULT_ROOT_SHOWN}, or another",
+        )
+    if found.st_mode & LOOSE_MODE:
+        shared = found.st_mode & stat.S_ISVTX  # /tmp: everyone's, and meant to stay so
+        raise UsageError(
+            f"{named} {root}: writable by group or others (mode {found.st_mode & 0o7777:04o}): "
+            "another user could plant a job there",
+            f"pass a folder of yours inside it, made private: --job-dir {root / 'dtrain-jobs'}"
+            if shared
+            else f"chmod go-w {root}, or pass another --job-dir",
+        )
+
+
+DEFAULT_ROOT_SHOWN = "~/.dtrain/jobs"
+
+
+def user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -102,6 +147,7 @@ class JobDir:
                 f"--job-dir {root}: cannot create the job directory ({exc.strerror})",
                 "give a directory you can write to",
             ) from None
+        check_root(root, "--job-dir")  # (again: one made by another user just before ours)
         job = JobDir(path)
         write_json(path / "meta.json", dict(meta))
         return job

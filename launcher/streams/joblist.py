@@ -8,15 +8,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.base.errors import UsageError
-from launcher.streams.jobdir import ACTIVE, RUNNING, JobDir
+from launcher.streams.jobdir import ACTIVE, DEFAULT_ROOT_SHOWN, RUNNING, JobDir, check_root
 
-DEFAULT_ROOT = Path("~/.dtrain/jobs")
+DEFAULT_ROOT = Path(DEFAULT_ROOT_SHOWN)
 ID_TIME_CHARS = len("20261122-035012")  # the part of a job id that is its start time
 
 
 def jobs_root(option: str | None, environ: Mapping[str, str]) -> Path:
-    """``--job-dir``, else ``$DTRAIN_JOB_DIR``, else ``~/.dtrain/jobs``."""
-    return Path(option or environ.get("DTRAIN_JOB_DIR") or DEFAULT_ROOT).expanduser()
+    """``--job-dir``, else ``$DTRAIN_JOB_DIR``, else ``~/.dtrain/jobs``; one that another
+    user could write to is refused (``check_root``)."""
+    named = "--job-dir" if option else "DTRAIN_JOB_DIR" if environ.get("DTRAIN_JOB_DIR") else ""
+    root = Path(option or environ.get("DTRAIN_JOB_DIR") or DEFAULT_ROOT).expanduser()
+    check_root(root, named or "the job directory root")
+    return root
 
 
 def list_jobs(root: Path) -> list[JobDir]:

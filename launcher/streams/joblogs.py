@@ -130,7 +130,7 @@ def attempt_events(job: JobDir) -> list[tuple[float, str]]:
                 cause = failure.get("cause") or (
                     describe_status(status) if isinstance(status, int) else "failed"
                 )
-                what = f"rank {failure['rank']} on {failure.get('host', '?')} {cause}"
+                what = f"rank {failure['rank']} on {failure.get('host', '?')}: {cause}"
             events.append((float(ended), f"dtrain: attempt {number} failed ({what})"))
     return sorted(events)
 

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 from launcher.core.command import LaunchSpec
 from launcher.core.outcome import JobResult, RankReport, RankState, Stream
+from launcher.core.results import RESULT_MARK, RESULTS_FOLDER, is_result_line, result_file_name
 from launcher.streams.jobdir import (
     RUNNING,
     JobDir,
@@ -70,8 +71,11 @@ class JobRecorder:
             return
         key = spec.label or str(spec.rank)  # mpirun's own lines go to mpirun.log
         prefix = b"%.6f %s " % (self.clock(), STREAM_CODES[stream])
-        if b"\r" in b"".join(lines):
+        batch = b"".join(lines)
+        if b"\r" in batch:
             lines = [line for line in lines if not line.endswith(b"\r")]
+        if RESULT_MARK in batch and stream == "stdout":
+            lines = self.keep_results(spec, lines)
         if not lines:
             return
         try:
@@ -91,6 +95,20 @@ class JobRecorder:
         except OSError:
             # A full disk must not kill the training: the job goes on without its log.
             self.failed = True
+
+    def keep_results(self, spec: LaunchSpec, lines: list[bytes]) -> list[bytes]:
+        """What ``launcher.launch``'s function returned or raised (``core/results.py``) goes
+        to ``results/rank.N``, not to the rank's log; the other lines are returned."""
+        results = [line for line in lines if is_result_line(line)]
+        if not results:
+            return lines
+        try:
+            (self.job.path / RESULTS_FOLDER).mkdir(mode=0o700, exist_ok=True)
+            with open_private(self.job.path / result_file_name(spec.rank)) as file:
+                file.write(b"\n".join(results) + b"\n")
+        except OSError:
+            pass  # a full disk: the caller is told the rank's result never came
+        return [line for line in lines if not is_result_line(line)]
 
     def update(self, state: RankState) -> None:
         encoded = json.dumps(vars(state))  # a flat record: each state encoded once, not per write
@@ -205,6 +223,12 @@ def recorded_result(job: JobDir) -> JobResult | None:
         )
     except TypeError:
         return None
+
+
+def clear_results(job: JobDir) -> None:
+    """No result of an earlier attempt is left to be taken for this one's."""
+    for old in (job.path / RESULTS_FOLDER).glob("rank.*"):
+        old.unlink(missing_ok=True)
 
 
 def end_record(job: JobDir, exit_code: int) -> None:

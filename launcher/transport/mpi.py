@@ -275,7 +275,9 @@ class RankCopies:
                 pass
 
 
-MPI_TAGGED = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
+# The job's ranks are Open MPI's job 1; what MPI_Comm_spawn starts is job 2, 3, ...: their
+# tagged lines are mpirun's to show (a spawned child's rank 0 is not the job's rank 0).
+MPI_TAGGED = re.compile(rb"\[1,(\d+)\]<(stdout|stderr)>: ?")
 
 
 class MpiOutput(PassesTiming):

@@ -37,6 +37,8 @@ class HostReport:
     cpus: tuple[tuple[int, int], ...] = ()  # (cpu, socket) it may run on
     versions: Mapping[str, str | None] = field(default_factory=dict)
     route: Mapping[str, str] | None = None  # {"address", "interface"} towards route_to
+    script: str | None = None  # python SCRIPT's script, where asked and found
+    master_port_refusal: str | None = None  # why the --master-port asked about is unusable
 
 
 def probe_host(
@@ -76,6 +78,8 @@ def report_from(data: Mapping[str, Any]) -> HostReport:
         cpus=tuple((int(c), int(s)) for c, s in data.get("cpus", ())),
         versions=data.get("versions", {}),
         route=data.get("route"),
+        script=data.get("script"),
+        master_port_refusal=data.get("master_port_refusal"),
     )
 
 

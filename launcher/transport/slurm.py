@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.base.errors import HostConnectionError, UsageError
-from launcher.core.hostlist import expand_counts, expand_hostlist
-from launcher.core.hosts import Host
+from launcher.core.hostlist import expand_counts, expand_hostlist, quote
+from launcher.core.hosts import MAX_COUNT, Host, check_host_name
 
 STEP_END_S = 5.0  # after the lifeline closed, how long the step may take to end by itself
 # Slurm's states of a job it has ended (or is ending): its ranks' signals came from Slurm.
@@ -53,25 +53,45 @@ class Allocation:
 
 def allocation_from(environ: Mapping[str, str]) -> Allocation | None:
     """The allocation of ``SLURM_JOB_ID`` (None outside one): nodes from SLURM_JOB_NODELIST,
-    tasks per node from SLURM_TASKS_PER_NODE (else SLURM_JOB_CPUS_PER_NODE, else 1)."""
+    tasks per node from SLURM_TASKS_PER_NODE (else SLURM_JOB_CPUS_PER_NODE, else 1).  A value
+    Slurm would never set is a usage error naming the variable: a typo in an sbatch script,
+    or a shell left with a half-copied environment."""
     job_id = environ.get("SLURM_JOB_ID")
     if not job_id:
         return None
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not job_id.isascii() or not job_id.isdigit():
+        raise UsageError(
+            f"SLURM_JOB_ID {quote(job_id)}: not a Slurm job id (a number)",
+            "run dtrain from salloc or an sbatch script, or unset SLURM_JOB_ID",
+        )
+    nodes_from = "SLURM_JOB_NODELIST" if environ.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    nodelist = environ.get(nodes_from)
     if not nodelist:
         raise UsageError(
             f"inside Slurm job {job_id} but SLURM_JOB_NODELIST is not set",
             "run dtrain from salloc or an sbatch script, or give -H/--hostfile",
         )
-    names = expand_hostlist(nodelist, "SLURM_JOB_NODELIST")
-    counts_text = environ.get("SLURM_TASKS_PER_NODE") or environ.get("SLURM_JOB_CPUS_PER_NODE")
-    counts = expand_counts(counts_text, "SLURM_TASKS_PER_NODE") if counts_text else []
+    names = expand_hostlist(nodelist, nodes_from)
+    for name in names:
+        check_host_name(name, f"{nodes_from} {quote(nodelist)}")
+    counts_from = (
+        "SLURM_TASKS_PER_NODE" if environ.get("SLURM_TASKS_PER_NODE") else "SLURM_JOB_CPUS_PER_NODE"
+    )
+    counts_text = environ.get(counts_from)
+    counts = expand_counts(counts_text, counts_from) if counts_text else []
     if counts and len(counts) != len(names):
         raise UsageError(
-            f"SLURM_TASKS_PER_NODE {counts_text!r} gives {len(counts)} counts for "
-            f"{len(names)} nodes ({nodelist})",
+            f"{counts_from} {quote(counts_text or '')} gives {len(counts)} counts for "
+            f"{len(names)} nodes ({quote(nodelist)})",
             "give -H/--hostfile with the slots",
         )
+    for name, count in zip(names, counts, strict=False):
+        if not 1 <= count <= MAX_COUNT:
+            raise UsageError(
+                f"{counts_from} {quote(counts_text or '')}: {count} tasks on node {name}",
+                f"every node has at least 1 task (and dtrain takes at most {MAX_COUNT}): check "
+                "the variable, or give -H/--hostfile with the slots",
+            )
     slots = counts or [1] * len(names)
     return Allocation(job_id, tuple(Host(n, s) for n, s in zip(names, slots, strict=True)))
 

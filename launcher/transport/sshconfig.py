@@ -47,11 +47,15 @@ class SshTarget:
 
 def load_ssh_config(settings: SshSettings) -> paramiko.SSHConfig:
     path = Path(settings.config_file or "~/.ssh/config").expanduser()
-    if settings.config_file and not path.is_file():
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a name too long for a file, say: no such file
+        is_file = False
+    if settings.config_file and not is_file:
         raise HostConnectionError(
             f"--ssh-config {settings.config_file}: no such file", "check the path"
         )
-    if not path.is_file():
+    if not is_file:
         return paramiko.SSHConfig()
     try:
         return paramiko.SSHConfig.from_path(str(path))

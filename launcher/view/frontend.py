@@ -125,7 +125,8 @@ class TerminalFrontend:
                 self.out.flush()
             return
         again = f", attempt {attempt}" if attempt else ""  # a host change is no restart
-        self.notice(f"dtrain: job {job_id} ({world_size} ranks{again}); its logs:")
+        size = f"{world_size} rank{'s' if world_size != 1 else ''}"
+        self.notice(f"dtrain: job {job_id} ({size}{again}); its logs:")
         self.notice(f"    dtrain logs {job_id}")
 
     def notice(self, text: str) -> None:

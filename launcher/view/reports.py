@@ -154,9 +154,8 @@ def format_ending(job_id: str, state: str, result: JobResult | None) -> list[str
     if result is None:
         return [f"dtrain: job {job_id} {state}"]
     if result.exit_code == 0:
-        return fit(
-            f"dtrain: job {job_id} succeeded ({result.world_size} ranks, {result.elapsed_s:.1f} s)"
-        )
+        size = f"{result.world_size} rank{'s' if result.world_size != 1 else ''}"
+        return fit(f"dtrain: job {job_id} succeeded ({size}, {result.elapsed_s:.1f} s)")
     return format_failure(result) or [
         f"dtrain: job {job_id} {state} (exit code {result.exit_code})"
     ]
@@ -179,6 +178,9 @@ def format_plan(entries: Sequence[Mapping[str, object]]) -> list[str]:
         env = entry["env"]
         assert isinstance(env, dict)
         lines.extend(f"  env:  {k}={shell_quote(v)}" for k, v in env.items())
+        hidden = entry.get("env_hidden", [])
+        assert isinstance(hidden, list)
+        lines.extend(f"  env:  {k}=...  (from dtrain's environment or an env file)" for k in hidden)
     return lines
 
 

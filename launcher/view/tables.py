@@ -93,21 +93,30 @@ def table_width(rows: Sequence[Sequence[str]], names: Sequence[str]) -> int:
 
 
 def format_hosts(hosts: Sequence[Host]) -> list[str]:
+    """``dtrain hosts``: a row per host; a host whose slots are counted there (a bare
+    hostfile line, ``host:*``) shows ``*``, said under the table."""
     rows = [("host", "user", "slots", "max_slots", "gpus")]
     for h in hosts:
         rows.append(
             (
                 h.name,
                 h.user or "-",
-                str(h.slots),
+                "*" if h.slots_on_host else str(h.slots),
                 str(h.max_slots) if h.max_slots is not None else "-",
                 ",".join(h.gpus) if h.gpus is not None else "-",
             )
         )
     lines = format_table(rows)
-    lines.append(
-        f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}, {sum(h.slots for h in hosts)} slots"
-    )
+    counted = sum(1 for h in hosts if h.slots_on_host)
+    slots = sum(h.slots for h in hosts if not h.slots_on_host)
+    total = f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}, {slots} slots"
+    if counted:
+        total += (
+            f", and {counted} host{'s' if counted != 1 else ''} counting"
+            f" {'their' if counted != 1 else 'its'} own (*: its GPUs, else its CPUs,"
+            " when a job starts there)"
+        )
+    lines.append(total)
     return lines
 
 
@@ -117,7 +126,7 @@ def hosts_as_json(hosts: Sequence[Host]) -> str:
             {
                 "host": h.name,
                 "user": h.user,
-                "slots": h.slots,
+                "slots": None if h.slots_on_host else h.slots,  # None: counted there
                 "max_slots": h.max_slots,
                 "gpus": list(h.gpus) if h.gpus is not None else None,
             }

@@ -1,0 +1,266 @@
+"""The project file at the edge: find it, read it, and lay its values under the command line's.
+
+``dtrain.toml`` in the working directory or the nearest folder above it that has one, or
+``pyproject.toml`` with a ``[tool.dtrain]`` table, whichever is nearer; in one folder,
+``dtrain.toml`` wins (as ruff's ``ruff.toml`` wins over its ``pyproject.toml``).  The search
+goes up to the file system's root, past ``$HOME`` (as git and ruff do): a ``~/dtrain.toml``
+is a user's defaults for every project under home without one of its own.
+
+Looking costs a launch two ``stat`` calls per folder above the working directory; a
+``pyproject.toml`` is read only to see whether it names ``tool.dtrain``, and ``tomllib``
+is imported only when there is a file to parse.  The keys are the keywords of the
+command's options (``cli/keywords.py``, the Python API's table), their values parsed by
+the command's own click parser; checking them and merging is ``core/projectfile.py``'s.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (the rest is imported once a file is found: a launch without pays nothing)
+    from collections.abc import Mapping, Sequence
+
+    import click
+
+    from launcher.core.projectfile import Key, Kind, PathKind, Setting, Source
+
+FILE_NAME = "dtrain.toml"
+PYPROJECT = "pyproject.toml"
+PYPROJECT_TABLE = ("tool", "dtrain")
+# A pyproject.toml is parsed only when a line of it starts dtrain's table or a key in it.
+NAMES_DTRAIN = r"""^\s*(\[\s*)?tool\s*\.\s*["']?dtrain\b"""
+API_CALL = "dtrain.api_call"  # ctx.meta key: launch()'s, the options its keywords give
+PATH_METAVARS: dict[str, PathKind] = {
+    "FILE": "file",
+    "DIR": "file",
+    "KEY": "file",
+    "SCRIPT": "file",
+    "PATH": "program",
+}
+
+
+def with_project_file(options: dict[str, Any]) -> dict[str, Any]:
+    """The current command's parsed options with the project file's values under them (the
+    command's: ``run``, ``ps``, ``sweep``); unchanged with ``--no-config`` or no file."""
+    if options.get("no_config"):
+        return options
+    try:
+        here = os.getcwd()
+    except OSError:  # (the working directory was removed: no project around it)
+        return options
+    source = find_project_file(here)
+    return options if source is None else apply_project_file(source, options)
+
+
+def apply_project_file(source: Source, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the file's values under them, said with --dry-run or --verbose."""
+    import click
+
+    from launcher.cli.dialects import PEER_VALUES
+    from launcher.cli.keywords import option_flags
+    from launcher.core.projectfile import (
+        API_CALLER,
+        Caller,
+        check_file,
+        describe,
+        settings_for,
+        settle,
+    )
+
+    ctx = click.get_current_context()
+    command = ctx.command
+    name = str(command.name)
+    commands = project_commands(name, command)
+    keys = {section: keys_of(each) for section, each in commands.items()}
+    checked = check_file(source, keys)
+    for other, its in commands.items():  # (its own table: parsed as dtrain OTHER would)
+        if other != name and checked.get(other):
+            parsed_values(its, settings_for(other, keys[other], checked))
+    settings = settings_for(name, keys[name], checked)
+    values = parsed_values(command, settings) if settings else {}
+    peers: Mapping[str, tuple[str, Any]] = ctx.meta.get(PEER_VALUES, {})
+    api = API_CALL in ctx.meta  # (then: the options launch()'s keywords gave)
+    given = given_options(ctx) | set(peers) | set(ctx.meta.get(API_CALL, ()))
+    if api:  # (launch(np=2): the keyword is what the caller wrote)
+        flags = {f.param.name: f"{k}=" for k, f in option_flags(command).items() if f.param.name}
+    else:
+        flags = {p.name: p.opts[0] for p in command.params if p.name and p.opts}
+        flags.update({field: spelled for field, (spelled, _) in peers.items()})
+    mpi = options.get("mpi") if "mpi" in given else values.get("mpi", options.get("mpi"))
+    mpi = bool(mpi) or peers.get("launcher", ("", ""))[1] == "openmpi"
+    merged, applied = settle(values, settings, options, given, flags, mpi)
+    if merged.get("dry_run") or merged.get("verbose"):
+        for line in describe(source, name, applied, API_CALLER if api else Caller()):
+            click.echo(line, err=True)
+    return merged
+
+
+def find_project_file(start: str) -> Source | None:
+    """The nearest project file at or above ``start``, read (None: there is none)."""
+    folder = start
+    while True:
+        candidate = os.path.join(folder, FILE_NAME)
+        if os.path.isfile(candidate):
+            source = read_project_file(candidate, (), start)
+            beside = os.path.join(folder, PYPROJECT)
+            if source is not None and os.path.isfile(beside) and names_dtrain(beside):
+                return replace(source, shadowed=os.path.relpath(beside, start))
+            return source
+        candidate = os.path.join(folder, PYPROJECT)
+        if os.path.isfile(candidate) and names_dtrain(candidate):
+            source = read_project_file(candidate, PYPROJECT_TABLE, start)
+            if source is not None:
+                return source
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
+def names_dtrain(path: str) -> bool:
+    """Whether a pyproject.toml may have a ``[tool.dtrain]`` table (without parsing it)."""
+    import re
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return re.search(NAMES_DTRAIN, file.read(), re.MULTILINE) is not None
+    except OSError:
+        return False
+
+
+def read_project_file(path: str, prefix: tuple[str, ...], here: str) -> Source | None:
+    """The file parsed; for a pyproject.toml, its ``[tool.dtrain]`` table (None when it has
+    none after all: the search goes on above, as ruff's does)."""
+    import sys
+
+    from launcher.base.errors import UsageError
+    from launcher.core.projectfile import MANUAL, Source
+
+    shown = os.path.relpath(path, here)
+    try:
+        with open(path, "rb") as file:
+            text = file.read().decode("utf-8")
+    except OSError as exc:
+        raise UsageError(
+            f"{shown}: cannot read the project file ({exc.strerror})",
+            "fix its permissions, or run with --no-config",
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"{shown}: the project file is not UTF-8 text (byte {exc.start + 1})",
+            "save it as UTF-8",
+        ) from None
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover (Python 3.10: tomli, which became tomllib)
+        import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+    try:
+        table: Any = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{shown}:{toml_error(exc)}", f"fix the TOML syntax; {MANUAL}") from None
+    for part in prefix:
+        table = table.get(part) if isinstance(table, dict) else None
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise UsageError(f"{shown}: {'.'.join(prefix)} is not a table", MANUAL)
+    return Source(shown, os.path.dirname(os.path.abspath(path)), text, table, prefix)
+
+
+def toml_error(exc: ValueError) -> str:
+    """``3:6: Invalid value`` from tomllib's 'Invalid value (at line 3, column 6)'."""
+    import re
+
+    message = str(exc)
+    found = re.search(r"\s*\(at line (\d+), column (\d+)\)", message)
+    if found is None:
+        return f" {message}"
+    return f"{found[1]}:{found[2]}: {message[: found.start()] + message[found.end() :]}"
+
+
+def project_commands(name: str, command: click.Command) -> dict[str, click.Command]:
+    """The commands of the file's tables (a mistake anywhere in the file is said), with
+    ``name``'s own ``command`` (the API parses with ``run`` outside the group)."""
+    from launcher.cli.main import cli
+    from launcher.core.projectfile import SECTIONS
+
+    commands = {section: cli.commands[section] for section in SECTIONS[1:]}
+    commands[name] = command
+    return commands
+
+
+def keys_of(command: click.Command) -> dict[str, Key]:
+    """A command's keys: its options' keywords, each with the type of value it takes."""
+    import click
+
+    from launcher.cli.keywords import option_flags
+    from launcher.core.projectfile import Key
+
+    keys: dict[str, Key] = {}
+    for name, flag in option_flags(command).items():
+        param = flag.param
+        choices: tuple[str, ...] = ()
+        kind: Kind
+        if name == "env":
+            kind = "env"
+        elif param.is_flag:
+            kind = "flag"
+        elif param.nargs == 2:
+            kind = "pairs"
+        elif isinstance(param.type, click.Choice):
+            kind, choices = "choice", tuple(map(str, param.type.choices))
+        elif isinstance(param.type, click.types.IntParamType):
+            kind = "int"
+        elif isinstance(param.type, click.types.FloatParamType):
+            kind = "seconds"
+        else:
+            kind = "text"
+        path = PATH_METAVARS.get(str(param.metavar)) if kind == "text" else None
+        keys[name] = Key(name, str(param.name), kind, param.multiple, choices, path)
+    return keys
+
+
+def parsed_values(command: click.Command, settings: Sequence[Setting]) -> dict[str, Any]:
+    """The settings' values as the command's own parser makes them of the same options on
+    a command line (its types, ranges and choices): option -> value."""
+    import click
+
+    from launcher.base.errors import UsageError
+    from launcher.cli.keywords import option_arguments, option_flags
+    from launcher.core.projectfile import MANUAL, toml_text
+
+    flags = option_flags(command)
+    args = [
+        arg
+        for setting in settings
+        for arg in option_arguments(setting.key.name, setting.value, flags[setting.key.name])
+    ]
+    try:
+        parsed = command.make_context(str(command.name), [*args, "--", "true"])
+    except click.BadParameter as exc:
+        param = exc.param.name if exc.param is not None else None
+        bad = next((s for s in settings if s.key.field == param), None)
+        if bad is None:
+            raise UsageError(f"{settings[0].where}: {exc.format_message()}", MANUAL) from None
+        raise UsageError(
+            f"{bad.where}: {bad.table} {bad.key.name} = {toml_text(bad.written)}: {exc.message}",
+            f"see dtrain {command.name} --help",
+        ) from None
+    except click.ClickException as exc:
+        where = settings[0].where if settings else ""
+        raise UsageError(f"{where}: {exc.format_message()}", MANUAL) from None
+    return {setting.key.field: parsed.params[setting.key.field] for setting in settings}
+
+
+def given_options(ctx: click.Context) -> set[str]:
+    """The options the command line gave (by option name), whatever their value."""
+    from click.core import ParameterSource
+
+    unset = (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+    return {
+        param.name
+        for param in ctx.command.params
+        if param.name and ctx.get_parameter_source(param.name) not in unset
+    }

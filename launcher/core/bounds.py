@@ -1,0 +1,189 @@
+"""The bounds of what a user may ask for (pure): counts, durations, names passed on.
+
+A number a user types turns into work: ranks are processes, hosts are connections,
+GPUs per rank are ids dealt out, seconds are waits handed to the operating system.
+Each bound here is far beyond any real job and low enough that a typo
+(``-np 100000000``, ``--grace 1e12``, ``h[1-1000][1-1000]``) is refused in
+milliseconds instead of planning for minutes, eating the memory or overflowing
+a wait.  ``validate_config`` applies them to a whole config, so the Python API and
+``--detach``'s JSON get the same checks as the command line; the edge's option
+types apply them too, so that a bad value is named as the option that gave it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from launcher.base.errors import PlanError, UsageError
+
+if TYPE_CHECKING:
+    from launcher.core.config import JobConfig
+
+# Every rank is a process dtrain starts, watches and lists in the plan (a dry run of 10,000
+# ranks takes about 2 s), and the largest GPU clusters built have about 100,000 GPUs.
+MAX_RANKS = 100_000
+# Every host is an ssh connection or an srun step, and a list's hosts are parsed one by one
+# (100,000 in about 2 s): beyond this a host list is a typo, however its ranges multiply.
+MAX_HOSTS = 100_000
+MAX_GPUS_PER_RANK = 1024  # more GPUs than one machine has
+# A year: longer than any job, far below what the OS's waits take (threading.TIMEOUT_MAX,
+# about 292 years; a larger timeout raises OverflowError in the middle of a teardown).
+MAX_SECONDS = 365 * 24 * 3600.0
+MAX_PORT = 65535
+MAX_RESTARTS = 1_000_000  # no job restarts that often: a larger count is a typo
+MAX_TRIALS = 100_000  # a sweep's trials: each is a job with a directory of its own
+# ASCII digits only: str.isdigit() says yes to '²', which int() then refuses.
+DIGITS = re.compile(r"[0-9]+")
+# Interface names as distributions make them (eth0, enp3s0f1, ib0, bond0.100, br-1a2b): Linux
+# allows 1-15 bytes without '/', ':' or white space; ';', '$' and the like it allows too, but
+# only a typo or an injection would put them there.
+INTERFACE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+
+
+def check_count(flag: str, value: int | None, low: int, high: int) -> None:
+    """``value`` (None: not given) lies in [low, high]; else one line naming ``flag``."""
+    if value is None:
+        return
+    if value < low:
+        raise UsageError(f"{flag} {value}: must be at least {low}", f"give {flag} {low} or more")
+    if value > high:
+        raise UsageError(f"{flag} {value}: more than {high:,}", f"give {flag} {high} or less")
+
+
+def check_seconds(
+    flag: str, value: float | None, low: float = 0.0, high: float = MAX_SECONDS
+) -> None:
+    """A duration (None: not given): a finite number of seconds in [low, high]; nan would
+    never run out (a grace that never escalates to SIGKILL), inf overflows the waits."""
+    if value is None:
+        return
+    if not math.isfinite(value):
+        raise UsageError(
+            f"{flag} {value}: not a finite number of seconds",
+            f"give seconds as a number, e.g. {flag} 30",
+        )
+    if value < low:
+        raise UsageError(
+            f"{flag} {value:g}: must be at least {low:g} seconds", f"give {flag} {low:g} or more"
+        )
+    if value > high:
+        within = " (a year)" if high == MAX_SECONDS else ""
+        raise UsageError(
+            f"{flag} {value:g}: more than {high:g} seconds{within}",
+            f"give {flag} {high:g} or less",
+        )
+
+
+def parse_count(flag: str, text: str, high: int) -> int | None:
+    """``text`` as a positive count of at most ``high`` (None: not a count at all, so the
+    caller can try its words, e.g. ``auto``); too large or zero: one line naming ``flag``."""
+    text = text.strip()
+    if not DIGITS.fullmatch(text):
+        return None
+    if len(text.lstrip("0")) > len(str(high)):  # before int(): a 5,000-digit number
+        shown = text if len(text) <= 20 else text[:20] + "..."
+        raise UsageError(f"{flag} {shown}: more than {high:,}", f"give {flag} {high} or less")
+    check_count(flag, int(text), 1, high)
+    return int(text)
+
+
+def check_port(flag: str, port: int | None, example: int) -> None:
+    if port is not None and not 1 <= port <= MAX_PORT:
+        raise UsageError(
+            f"{flag} {port}: not a port (1-{MAX_PORT})", f"write e.g. {flag} {example}"
+        )
+
+
+def check_interfaces(flag: str, text: str | None) -> None:
+    """``--network-interface``: one interface name, or several separated by commas (gloo and
+    horovodrun take lists), each as Linux names interfaces."""
+    if text is None:
+        return
+    for name in text.split(","):
+        if not INTERFACE.fullmatch(name) or name in (".", ".."):
+            shown = repr(name) if name else "an empty name"
+            raise UsageError(
+                f"{flag} {text!r}: {shown} is not a network interface name",
+                "give names as 'ip link' shows them (1-15 letters, digits, '.', '-', '_'), "
+                "several separated by commas, e.g. eth0 or ib0,ib1",
+            )
+
+
+def check_total(flag: str, counts: Iterable[int], high: int, what: str) -> None:
+    """Counts that add up to one job (workers and ps tasks): at most ``high`` together."""
+    total = sum(counts)
+    if total > high:
+        raise UsageError(
+            f"{flag}: {total:,} {what} in all, more than {high:,}", f"give at most {high:,} {what}"
+        )
+
+
+# Every duration of a config: (its field, its flag, the lowest value it takes, the highest).
+DURATIONS: tuple[tuple[str, str, float, float], ...] = (
+    ("grace_s", "--grace", 0.0, MAX_SECONDS),
+    ("restart_delay_s", "--restart-delay", 0.0, MAX_SECONDS),
+    ("placement.blacklist_cooldown_s", "--blacklist-cooldown", 0.0, MAX_SECONDS),
+    ("hang_timeout_s", "--hang-timeout", 0.1, MAX_SECONDS),
+    ("start_timeout_s", "--start-timeout", 0.1, MAX_SECONDS),
+    ("time_limit_s", "--timeout", 0.1, MAX_SECONDS),
+    ("ssh.timeout_s", "--ssh-timeout", 0.1, MAX_SECONDS),
+    ("ssh.host_timeout_s", "--host-timeout", 1.0, MAX_SECONDS),
+    ("view.collapse_window_s", "--collapse-window", 0.01, 60.0),
+)
+
+
+def check_job_bounds(config: JobConfig) -> None:
+    """Every count, duration, port and name of a config within its bounds (one line naming
+    the flag otherwise): what ``validate_config`` checks before anything is planned."""
+    placement = config.placement
+    check_count("-np", placement.np, 1, MAX_RANKS)
+    check_count("--min-np", placement.min_np, 1, MAX_RANKS)
+    check_count("--max-np", placement.max_np, 1, MAX_RANKS)
+    check_count("--nnodes", placement.nnodes, 1, MAX_HOSTS)
+    if isinstance(placement.nproc_per_node, int):
+        per_node = placement.nproc_per_node
+        check_count("--nproc-per-node", per_node, 1, MAX_RANKS)
+        ranks = per_node * (placement.nnodes or 1)
+        check_total("--nproc-per-node x --nnodes", [ranks], MAX_RANKS, "ranks")
+    check_count("--gpus-per-rank", placement.gpus_per_rank, 1, MAX_GPUS_PER_RANK)
+    check_count("--max-restarts", config.max_restarts, 0, MAX_RESTARTS)
+    check_port("--master-port", placement.master_port, 29500)
+    check_port("--ssh-port", config.ssh.port, 22)
+    if placement.master_addr is not None:
+        from launcher.core.hosts import check_host_name  # (dtrain --help need not load it)
+
+        try:
+            check_host_name(placement.master_addr, "--master-addr")
+        except UsageError as exc:  # (its hint is about -H's syntax)
+            hint = "give a host name or an IP address, e.g. --master-addr node1 or 10.0.0.1"
+            raise UsageError(exc.message, hint) from None
+    check_interfaces("--network-interface", config.env.nics)
+    for path, flag, low, high in DURATIONS:
+        check_seconds(flag, field_value(config, path), low, high)
+    if config.ps is not None:
+        check_count("--workers", config.ps.workers, 1, MAX_RANKS)
+        check_count("--ps", config.ps.ps_tasks, 1, MAX_RANKS)
+        check_count("--restart-workers", config.ps.restart_workers, 0, MAX_RESTARTS)
+        tasks = (config.ps.workers, config.ps.ps_tasks, 1, int(config.ps.evaluator))  # +chief
+        check_total("--workers and --ps", tasks, MAX_RANKS, "tasks")
+
+
+def field_value(config: JobConfig, path: str) -> Any:
+    """``ssh.timeout_s`` of a config: the field of a concern, or of the config itself."""
+    value: Any = config
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def check_world_size(ranks: int) -> None:
+    """A plan's size, known once the hosts are (every slot of ``-H h[1-3]:100000``, or
+    ``--nproc-per-node`` on every host): at most MAX_RANKS, checked before any rank is made."""
+    if ranks > MAX_RANKS:
+        raise PlanError(
+            f"{ranks:,} ranks: more than {MAX_RANKS:,}",
+            "give -np, a smaller --nproc-per-node, or fewer slots",
+        )

@@ -1,0 +1,77 @@
+"""The job's view inside the program that called ``launcher.launch``: a notebook cell or a
+script's stdout.
+
+It is ``dtrain run``'s terminal frontend with the view ``--plain`` makes (tagged lines, no
+live region, no cursor movement: a notebook's output is no terminal), identical lines of
+several ranks still collapsed, and the function's result lines (``core/results.py``) left
+out: they go to the job directory only.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from typing import Any, TextIO
+
+from launcher.core.command import LaunchSpec
+from launcher.core.config import ViewConfig
+from launcher.core.outcome import OutputSink, PassesTiming, RankState, Stream
+from launcher.core.plan import Plan
+from launcher.core.results import is_result_line
+from launcher.streams.outlets import TimedSink
+from launcher.view.frontend import TerminalFrontend
+
+
+def caller_view_config(config: ViewConfig) -> ViewConfig:
+    """``--plain``, collapsed and without colour unless the caller said otherwise."""
+    return replace(
+        config,
+        plain=True,
+        collapse=True if config.collapse is None else config.collapse,
+        color=False if config.color is None else config.color,
+    )
+
+
+class CallerFrontend(TerminalFrontend):
+    """``TerminalFrontend`` on the caller's streams, its view without the result lines."""
+
+    def __init__(self, config: ViewConfig, out: TextIO, err: TextIO) -> None:
+        super().__init__(caller_view_config(config), out, err)
+
+    def open_view(
+        self, job_id: str, plan: Plan, remote: bool = False, attempt: int = 0
+    ) -> tuple[OutputSink, AbstractContextManager[Any]]:
+        view, showing = super().open_view(job_id, plan, remote, attempt)
+        return ResultsLeftOut(view), showing
+
+
+class ResultsLeftOut(PassesTiming):
+    """A view's sink without the function's result lines (the job directory keeps them); it
+    passes the timing of a collapsing view behind it on (as ``RankFilter`` does)."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.timed = view if isinstance(view, TimedSink) else None
+
+    @staticmethod
+    def shown(stream: Stream, lines: list[bytes]) -> list[bytes]:
+        if stream != "stdout":
+            return lines
+        return [line for line in lines if not is_result_line(line)]
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        lines = self.shown(stream, lines)
+        if lines:
+            self.view.show(spec, stream, lines)
+
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
+        lines = self.shown(stream, lines)
+        if not lines:
+            return
+        if self.timed is not None:
+            self.timed.show_at(spec, stream, lines, at)
+        else:
+            self.view.show(spec, stream, lines)
+
+    def update(self, state: RankState) -> None:
+        self.view.update(state)
