@@ -86,13 +86,13 @@ def test_a_shell_script_without_its_bit_is_refused_with_the_ways_to_run_it(
     (tmp_path / "b.sh").write_text("#!/bin/bash\necho hi $RANK\n")
     before = jobs_now()
     line = one_error(run_dtrain("run", "-np", "2", "run.sh", cwd=tmp_path))
-    assert line.startswith("dtrain: error: run.sh: not executable, and not a Python script")
-    assert "dtrain run ... bash run.sh" in line and "chmod +x run.sh" in line
+    assert line.startswith("dtrain: error: run.sh: not executable, and not Python by its name")
+    assert "run bash run.sh," in line and "chmod +x run.sh" in line
     assert "shebang line" in line  # executable, but without one: exec format error
     line = one_error(run_dtrain("run", "./run.sh", cwd=tmp_path))
     assert "chmod +x ./run.sh" in line
     line = one_error(run_dtrain("run", "b.sh", cwd=tmp_path))
-    assert "bash b.sh; or chmod +x b.sh and run ./b.sh)" in line
+    assert "bash b.sh, or chmod +x b.sh and run ./b.sh)" in line
     assert jobs_now() == before  # nothing started
     # As the hint says: named with its interpreter, it runs.
     ran = run_dtrain("run", "-np", "2", "bash", "run.sh", cwd=tmp_path)
@@ -146,6 +146,11 @@ def test_a_program_that_looks_like_a_host_but_is_on_path_runs(tmp_path: Path) ->
         (["--verbose", "run", "x.py"], "dtrain run --verbose x.py"),
         (["train.py", "--lr", "0.1"], "dtrain run train.py --lr 0.1"),
         (["python", "x.py"], "dtrain run python x.py"),
+        (["-f", "logs", "JOB"], "dtrain logs -f JOB"),
+        # A subcommand's name among the program's arguments stays where it is:
+        (["-np", "2", "t.py", "--mode", "run"], "dtrain run -np 2 t.py --mode run"),
+        (["--hostfile", "hf", "t.py", "check"], "dtrain run --hostfile hf t.py check"),
+        (["-H", "h1:2", "t.py", "hosts"], "dtrain run -H h1:2 t.py hosts"),
     ],
 )
 def test_run_options_before_the_subcommand_say_the_line_meant(
@@ -156,7 +161,9 @@ def test_run_options_before_the_subcommand_say_the_line_meant(
     assert len(err) == 1 and err[0].endswith(f"(hint: did you mean: {meant})"), err
 
 
-@pytest.mark.parametrize("args", [["--foo", "x"], ["lgos"], ["--json", "jobs"]])
+@pytest.mark.parametrize(
+    "args", [["--foo", "x"], ["lgos"], ["--json", "jobs"], ["-np", "2", "stop"]]
+)
 def test_other_mistakes_get_no_run_guess(
     args: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -289,6 +296,32 @@ def test_a_root_owned_by_another_user_is_refused(
     line = one_error(run_dtrain("stop", "--job-dir", str(root)))
     assert f"--job-dir {root}: owned by " in line and "not by you" in line
     assert bystander.poll() is None
+
+
+def test_a_root_in_a_folder_others_can_write_is_refused(
+    tmp_path: Path, bystander: subprocess.Popen[bytes]
+) -> None:
+    """Its folder's other users could rename the private root and plant their own in its
+    place: the folders above are checked as OpenSSH checks those above ``~/.ssh``."""
+    loose = tmp_path / "loose"
+    root = loose / "jobs"
+    planted_job(root, bystander.pid)
+    root.chmod(0o700)
+    loose.chmod(0o777)
+    line = one_error(run_dtrain("stop", "--job-dir", str(root)))
+    assert line == (
+        f"dtrain: error: --job-dir {root}: its folder {loose} is writable by group or others "
+        "(mode 0777): another user could swap the jobs for their own (hint: chmod go-w "
+        f"{loose}, or pass a --job-dir in a folder of yours)"
+    )
+    assert bystander.poll() is None  # not signalled
+    assert "its folder" in one_error(run_dtrain("jobs", "--job-dir", str(loose / "new")))
+    loose.chmod(0o1777)  # sticky, as /tmp: nobody may rename what is not theirs
+    assert run_dtrain("jobs", "--job-dir", str(root)).returncode == 0
+    if os.geteuid() == 0:
+        loose.chmod(0o755)
+        os.chown(loose, 65534, 65534)
+        assert "its folder" in one_error(run_dtrain("jobs", "--job-dir", str(root)))
 
 
 def test_a_root_dtrain_makes_is_private(tmp_path: Path) -> None:

@@ -68,7 +68,8 @@ def test_a_dry_run_says_that_another_hosts_slots_are_counted_there(tmp_path: Pat
     assert hosts == ["localhost", "localhost", "node7", "node7"]  # beyond its slots: node7's
     assert (
         "dtrain: note: the slots of node7 are counted there when the job starts (its GPUs, "
-        "else its CPUs); this dry run, which reaches no other host, counts one slot for each"
+        "else its CPUs); this dry run, which reaches no other host, counts one slot for each "
+        "(more where -np needs them)"
     ) in result.stderr.splitlines()
 
 
@@ -83,8 +84,8 @@ def test_hosts_command_shows_slots_counted_on_the_host(tmp_path: Path) -> None:
         f"localhost  -     {cpus:<5}  -          -",  # this machine: counted now
         "node7      -     *      -          -",
         "node8      -     2      -          -",
-        f"3 hosts, {cpus + 2} slots, and 1 host counting its own (*: its GPUs, else its CPUs, "
-        "when a job starts there)",
+        f"3 hosts, {cpus + 2} slots on 2; * counted when a job starts there (its GPUs, "
+        "else its CPUs)",
     ]
     as_json = json.loads(run_dtrain("hosts", "-H", "a:*,b", "--json").stdout)
     assert [(h["host"], h["slots"]) for h in as_json] == [("a", None), ("b", 1)]
@@ -99,9 +100,8 @@ def test_np_with_ppr_places_at_most_k_a_host() -> None:
     )
     assert refused.returncode == 2
     assert refused.stderr == (
-        "dtrain: error: -np 3 is more than the 2 ranks that 1 per host on 2 host(s) allow "
-        "(--nproc-per-node, --map-by ppr:K:node) (hint: lower -np, allow more ranks per host, "
-        "or add hosts)\n"
+        "dtrain: error: -np 3: only 2 ranks fit (1 rank on each of 2 hosts) "
+        "(hint: lower -np, raise --nproc-per-node or ppr:K, or add hosts)\n"
     )
 
 

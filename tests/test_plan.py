@@ -132,7 +132,7 @@ def test_whole_rank_value() -> None:
             [A, B],
             5,
             {"nproc_per_node": 2},
-            "-np 5 is more than the 4 ranks that 2 per host on 2 host",
+            "-np 5: only 4 ranks fit .2 ranks on each of 2 hosts.",
         ),
         ([A], 0, {"nproc_per_node": 2}, "-np 0: must be at least 1"),
         ([A], None, {"nproc_per_node": 0}, "--nproc-per-node 0"),

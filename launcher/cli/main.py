@@ -324,7 +324,9 @@ def unknown_option(exc: click.NoSuchOption) -> str:
 def subcommand_meant(args: Sequence[str]) -> tuple[str, str] | None:
     """``dtrain -np 2 python x.py`` (mpirun's habit) or ``dtrain train.py``: no subcommand,
     where ``dtrain run`` (or ``dtrain ps``) was meant.  The error and the whole line meant
-    (None: no such guess).  Only asked once the line failed: no valid line changes meaning."""
+    (None: no such guess).  Only asked once the line failed, and only where every word
+    before the program (or the subcommand named later) is an option of the command meant:
+    a subcommand's name among the program's arguments never changes the line's meaning."""
     import shlex
 
     if not args or args[0] in cli.commands:
@@ -332,18 +334,44 @@ def subcommand_meant(args: Sequence[str]) -> tuple[str, str] | None:
     first = args[0]
     if first.startswith("-"):
         name = first.split("=", 1)[0]
-        later = next((i for i, word in enumerate(args) if word in cli.commands), None)
-        for command in (run, ps_command) if later is None else (cli.commands[args[later]],):
-            spellings = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
-            if name in spellings:  # (a command named later: the options go after it)
-                rest = list(args) if later is None else [*args[:later], *args[later + 1 :]]
-                meant = shlex.join(["dtrain", str(command.name), *rest])
+        commands = [c for c in cli.commands.values() if not c.hidden]
+        for command in commands:  # options, then the subcommand: they go after it
+            at = first_operand(args, command)
+            if at is not None and at < len(args) and args[at] == command.name:
+                meant = shlex.join(["dtrain", command.name, *args[:at], *args[at + 1 :]])
+                return f"{name} is an option of dtrain {command.name}", f"did you mean: {meant}"
+        for command in (run, ps_command):  # options, then the program
+            at = first_operand(args, command)
+            if at is not None and (at == len(args) or args[at] not in cli.commands):
+                meant = shlex.join(["dtrain", str(command.name), *args])
                 return f"{name} is an option of dtrain {command.name}", f"did you mean: {meant}"
         return None
     if not looks_like_program(first):
         return None
     meant = shlex.join(["dtrain", "run", *args])
     return f"{first!r} is not a command of dtrain", f"did you mean: {meant}"
+
+
+def first_operand(args: Sequence[str], command: click.Command) -> int | None:
+    """The index of the first word of ``args`` that is neither an option of ``command`` nor
+    an option's value (``len(args)``: none); None where a word is an option that
+    ``command`` does not have."""
+    values: dict[str, int] = {}  # option spelling -> how many words follow it
+    for param in command.params:
+        if isinstance(param, click.Option):
+            takes = 0 if param.is_flag or param.count else param.nargs
+            values.update({o: takes for o in param.opts})
+            values.update({o: 0 for o in param.secondary_opts})
+    at = 0
+    while at < len(args):
+        word = args[at]
+        if not word.startswith("-") or word in ("-", "--"):
+            return at
+        name, equals, _ = word.partition("=")
+        if name not in values:
+            return None
+        at += 1 if equals else 1 + values[name]
+    return at
 
 
 def looks_like_program(word: str) -> bool:

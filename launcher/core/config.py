@@ -78,6 +78,8 @@ class EnvConfig:
     workdir: str | None = None
     tf_config: bool = False  # --tf: TF_CONFIG with every rank a worker
     nics: str | None = None  # --network-interface: GLOO/NCCL/TP_SOCKET_IFNAME on every host
+    sync: str | None = None  # --sync DIR: copied to the remote hosts, the ranks run in the copy
+    sync_max_size: int = 1 << 30  # --sync-max-size, bytes
 
 
 @dataclass(frozen=True)
@@ -433,7 +435,14 @@ def parse_map_by(text: str, per_node: object) -> dict[str, Any]:
     base, *modifiers = text.split(":")
     found: dict[str, Any] = {"map_by": "slot"}
     if base.lower() == "ppr" and len(modifiers) >= 2 and modifiers[1].lower() == "node":
-        count = parse_count("--map-by ppr:N:node", modifiers[0], MAX_RANKS)
+        try:
+            count = parse_count("N", modifiers[0], MAX_RANKS)
+        except UsageError:  # (its words would be "--map-by ppr:N:node 0", no line to type)
+            shown = text if len(text) <= 40 else text[:40] + "..."
+            raise UsageError(
+                f"--map-by {shown}: N of ppr:N:node must be from 1 to {MAX_RANKS:,}",
+                "write e.g. --map-by ppr:2:node",
+            ) from None
         if count is None:
             raise UsageError(
                 f"--map-by {text}: ppr needs a count", "write e.g. --map-by ppr:2:node"

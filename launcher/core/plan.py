@@ -153,11 +153,12 @@ def cap_ranks_per_host(caps: Sequence[int], np: int, map_by: MapBy) -> list[int]
     if np < 1:
         raise PlanError(f"-np {np}: must be at least 1")
     if np > sum(caps):
-        per_host = f"{caps[0]} per host" if len(set(caps)) == 1 else "the ranks per host"
+        each = caps[0] if len(set(caps)) == 1 else None
+        fit = "as many as each may take" if each is None else f"{each} rank" + "s" * (each != 1)
+        hosts = f"{len(caps)} host" + "s" * (len(caps) != 1)
         raise PlanError(
-            f"-np {np} is more than the {sum(caps)} ranks that {per_host} on {len(caps)} "
-            "host(s) allow (--nproc-per-node, --map-by ppr:K:node)",
-            "lower -np, allow more ranks per host, or add hosts",
+            f"-np {np}: only {sum(caps)} ranks fit ({fit} on each of {hosts})",
+            "lower -np, raise --nproc-per-node or ppr:K, or add hosts",
         )
     counts = [0] * len(caps)
     if map_by == "slot":

@@ -149,7 +149,7 @@ def dry_run_notes(plan: Plan, config: JobConfig) -> list[str]:
         notes.append(
             f"dtrain: note: the slots of {', '.join(waiting)} are counted there when the job "
             "starts (its GPUs, else its CPUs); this dry run, which reaches no other host, "
-            "counts one slot for each"
+            "counts one slot for each (more where -np needs them)"
         )
     if plan.provisional and isinstance(config.placement.nproc_per_node, str):
         notes.append(

@@ -150,13 +150,11 @@ def refuse_unrunnable(program: str, head: bytes | None) -> None:
     interpreter = Path(words[0]).name if words else "bash"
     runnable = program if "/" in program else f"./{program}"
     chmod = f"chmod +x {program}" + ("" if "/" in program else f" and run {runnable}")
-    named = f"dtrain run ... {interpreter} {program}"
     if not words:  # an executable file without a shebang fails too (exec format error)
-        named += f" (or python {program})"
-        chmod = f"start it with a shebang line (#!/bin/bash), then {chmod}"
+        chmod = f"add a shebang line (#!/bin/bash) and {chmod}"
     raise UsageError(
-        f"{program}: not executable, and not a Python script by its name or shebang",
-        f"name its interpreter: {named}; or {chmod}",
+        f"{program}: not executable, and not Python by its name or shebang",
+        f"run {interpreter} {program}, or {chmod}",
     )
 
 

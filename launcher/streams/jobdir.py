@@ -89,10 +89,12 @@ def check_root(root: Path, named: str) -> None:
     try:
         found = root.stat()
     except FileNotFoundError:
+        check_parents(root, named)
         return  # not there (yet): made private with the first job
     except (OSError, ValueError) as exc:  # a name too long, a file on the way...
         reason = exc.strerror if isinstance(exc, OSError) else str(exc)
         raise UsageError(f"{named} {root}: cannot use it ({reason})", "check the path") from None
+    check_parents(root, named)
     if found.st_uid not in (os.geteuid(), 0):
         raise UsageError(
             f"{named} {root}: owned by {user_name(found.st_uid)}, not by you: another user's "
@@ -111,6 +113,27 @@ def check_root(root: Path, named: str) -> None:
 
 
 DEFAULT_ROOT_SHOWN = "~/.dtrain/jobs"
+
+
+def check_parents(root: Path, named: str) -> None:
+    """The folders above the root, as OpenSSH checks those above ``~/.ssh``: another user
+    who may rename an entry of one (it is theirs, or group/others may write it without the
+    sticky bit that /tmp has) could swap the root for one of their own."""
+    for parent in Path(os.path.abspath(root)).parents:
+        try:
+            found = parent.stat()
+        except (OSError, ValueError):
+            continue  # not there (yet): made private with the root
+        loose = found.st_mode & LOOSE_MODE and not found.st_mode & stat.S_ISVTX
+        if found.st_uid not in (os.geteuid(), 0) or loose:
+            whose = f"owned by {user_name(found.st_uid)}" if not loose else (
+                f"writable by group or others (mode {found.st_mode & 0o7777:04o})"
+            )
+            raise UsageError(
+                f"{named} {root}: its folder {parent} is {whose}: another user could swap "
+                "the jobs for their own",
+                f"chmod go-w {parent}, or pass a --job-dir in a folder of yours",
+            )
 
 
 def user_name(uid: int) -> str:

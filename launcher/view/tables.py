@@ -109,13 +109,11 @@ def format_hosts(hosts: Sequence[Host]) -> list[str]:
     lines = format_table(rows)
     counted = sum(1 for h in hosts if h.slots_on_host)
     slots = sum(h.slots for h in hosts if not h.slots_on_host)
-    total = f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}, {slots} slots"
+    total = f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"
+    if counted < len(hosts):
+        total += f", {slots} slots" + (f" on {len(hosts) - counted}" if counted else "")
     if counted:
-        total += (
-            f", and {counted} host{'s' if counted != 1 else ''} counting"
-            f" {'their' if counted != 1 else 'its'} own (*: its GPUs, else its CPUs,"
-            " when a job starts there)"
-        )
+        total += "; * counted when a job starts there (its GPUs, else its CPUs)"
     lines.append(total)
     return lines
 
