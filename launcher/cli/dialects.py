@@ -120,7 +120,7 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
     refuse(
         "mpirun",
         "--preload-binary -s --preload-files",
-        "put the program at the same path on every host (a shared file system)",
+        "copy the code to every host with --sync DIR, or put it at the same path there",
     ),
     refuse("mpirun", "--stdin", "ranks read no terminal input; pass data in files or arguments"),
     refuse(

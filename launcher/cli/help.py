@@ -29,7 +29,7 @@ OPTION_GROUPS: tuple[tuple[str, str], ...] = (
         "host_lists hostfile np nproc_per_node nnodes map_by oversubscribe standalone include "
         "exclude transport gpus_per_rank gpu_binding bind_to report_bindings",
     ),
-    ("Environment", "exports env_files workdir python no_python module"),
+    ("Environment", "exports env_files workdir sync sync_max_size python no_python module"),
     ("Rendezvous", "master_addr master_port nics tf_config"),
     ("MPI", "mpi mpirun mca mpirun_args"),
     (

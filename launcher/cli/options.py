@@ -61,6 +61,23 @@ class Seconds(click.FloatRange):
         return seconds
 
 
+class ByteSize(click.ParamType):  # type: ignore[type-arg]  # (generic from click 8.2)
+    """--sync-max-size: bytes, or a number with K, M, G or T (500M, 2G, 1.5GiB)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int):
+            return value
+        from launcher.base.errors import UsageError
+        from launcher.core.synctree import parse_size
+
+        try:
+            return parse_size(str(value))
+        except UsageError:
+            self.fail(f"{value!r} is not a size (write bytes, or 500M, 2G)", param, ctx)
+
+
 CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # A job command's options end at COMMAND: what follows is the command's own.
 JOB_COMMAND: dict[str, Any] = {**CONTEXT, "allow_interspersed_args": False}
@@ -149,6 +166,20 @@ rank_options = stacked(
         default=True,
     ),
     option("--workdir", "Working directory of the ranks (default: here).", metavar="DIR"),
+    option(
+        "--sync",
+        "Copy DIR (its files git would keep) to every remote host first; the ranks there run "
+        "in the copy.",
+        metavar="DIR",
+    ),
+    option(
+        "--sync-max-size",
+        "Refuse a --sync tree bigger than this.",
+        type=ByteSize(),
+        default="1G",
+        show_default=True,
+        metavar="SIZE",
+    ),
     option(
         "--python",
         "Interpreter for a Python script COMMAND (train.py runs as PYTHON train.py). Default: "

@@ -10,7 +10,7 @@ as arguments, so tables of inputs and outputs test it.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from launcher.core.command import LaunchSpec, build_launch_specs
 from launcher.core.config import JobConfig
@@ -43,6 +43,7 @@ class Site:
     pythons: Mapping[str, str] = field(default_factory=dict)  # the interpreter to use there
     cpus: Mapping[str, tuple[Cpu, ...]] = field(default_factory=dict)  # (cpu, socket) there
     python_script: bool = False  # COMMAND is a Python script: it runs with that interpreter
+    workdirs: Mapping[str, str] = field(default_factory=dict)  # --sync: the ranks' copy there
 
     @property
     def remote_hosts(self) -> set[str]:
@@ -111,7 +112,7 @@ def build_job_specs(
         max_restarts=config.max_restarts,
         error_files=error_files(plan, site, job_path) if config.mpi is None else {},
     )
-    return build_launch_specs(
+    specs = build_launch_specs(
         plan,
         config.command,
         lambda r: build_env(r, env_options),
@@ -119,6 +120,8 @@ def build_job_specs(
         env_unset=PROXY_VARIABLES if config.tf_ps else (),
         argv_for=rank_argv(config, site, server),
     )
+    # --sync: a remote rank runs in its host's copy of the folder
+    return [replace(s, cwd=site.workdirs.get(s.host.name, cwd)) for s in specs]
 
 
 def error_files(plan: Plan, site: Site, job_path: str | None) -> dict[int, str]:

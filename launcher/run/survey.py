@@ -26,6 +26,7 @@ from launcher.core.specs import Site
 from launcher.remote.probe import cpus as probe_cpus
 from launcher.remote.probe import port_refusal
 from launcher.run.preflight import check_master_port, explicit_script, is_file, python_script
+from launcher.run.syncing import prepare_sync, sync_hosts
 from launcher.transport.local import (
     detect_local_gpus,
     find_free_ports,
@@ -250,6 +251,7 @@ def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], work
             facts.cpus[name] = cpus
             facts.ports[name] = ports  # one pool: the local names are one machine
             facts.addresses[name] = "127.0.0.1" if not remote_hosts else name
+    sync = prepare_sync(config, workdir, through_slurm, bool(remote_hosts))
     survey = Survey(facts.freeze())
     if remote_hosts and config.dry_run:
         facts.addresses.update({h.name: h.name for h in remote_hosts})
@@ -259,6 +261,8 @@ def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], work
             remote_hosts, through_slurm, settings, ssh_config, environ
         )
         try:
+            if sync is not None:
+                facts.workdirs.update(sync_hosts(sync, survey.connections, config, environ))
             probe_remote_hosts(survey, facts, plan, config, environ, workdir, ranks_on)
         except BaseException:
             survey.close()
@@ -299,6 +303,7 @@ class SiteFacts:
     networks: dict[str, str] = field(default_factory=dict)
     pythons: dict[str, str] = field(default_factory=dict)
     cpus: dict[str, tuple[Cpu, ...]] = field(default_factory=dict)
+    workdirs: dict[str, str] = field(default_factory=dict)  # --sync: each host's copy
     python_script: bool = False
 
     def freeze(self) -> Site:
@@ -343,7 +348,7 @@ def probe_remote_hosts(
         args = {
             "ports": 1 + ranks_on[name],
             "program": program,
-            "cwd": workdir,
+            "cwd": facts.workdirs.get(name, workdir),
             "path_prefix": environ.get("PATH"),
             "route_to": master,
             "script": script,
@@ -365,7 +370,9 @@ def probe_remote_hosts(
     if errors:
         raise errors[0]
     for name, (_, report) in opened.items():  # type: ignore[misc]  # no errors left
-        take_report(facts, name, report, config, workdir, (program, script))
+        take_report(
+            facts, name, report, config, facts.workdirs.get(name, workdir), (program, script)
+        )
     local_route = interface_towards(master)
     for name, is_local in facts.local.items():
         if is_local and local_route:

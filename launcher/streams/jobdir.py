@@ -126,8 +126,10 @@ def check_parents(root: Path, named: str) -> None:
             continue  # not there (yet): made private with the root
         loose = found.st_mode & LOOSE_MODE and not found.st_mode & stat.S_ISVTX
         if found.st_uid not in (os.geteuid(), 0) or loose:
-            whose = f"owned by {user_name(found.st_uid)}" if not loose else (
-                f"writable by group or others (mode {found.st_mode & 0o7777:04o})"
+            whose = (
+                f"owned by {user_name(found.st_uid)}"
+                if not loose
+                else (f"writable by group or others (mode {found.st_mode & 0o7777:04o})")
             )
             raise UsageError(
                 f"{named} {root}: its folder {parent} is {whose}: another user could swap "
