@@ -108,6 +108,17 @@ def test_a_rank_that_ends_without_returning_is_an_error(mark: str) -> None:
         launcher.launch(apifuncs.exits_early, np=2, **here(mark))
 
 
+def test_a_job_failed_without_a_rank_says_its_whole_last_line(mark: str) -> None:
+    # (the summary's last line is broken to fit 80 columns: the message is all of it)
+    with pytest.raises(launcher.JobFailed) as caught:
+        launcher.launch(apifuncs.ready_then_sleep, np=2, timeout=1, **here(mark))
+    assert caught.value.message == (
+        "the job ran longer than --timeout 1 s (rank(s) 0-1 on localhost still running); "
+        "dtrain exits 124"
+    )
+    assert caught.value.exit_code == 124
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

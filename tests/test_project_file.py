@@ -176,6 +176,29 @@ def test_env_adds_the_command_lines_to_the_files(project: Path) -> None:
     assert (env["A"], env["B"], env["C"]) == ("file", "command-line", "command-line")
 
 
+def test_a_name_in_the_files_env_that_is_not_set_is_left_out_with_a_note(
+    project: Path,
+) -> None:
+    """A project's env names variables some shells do not have (PYTHONPATH): not an error, as
+    an unset ``-x NAME`` on the command line is, but a note naming the file's line."""
+    write(project, "dtrain.toml", '[defaults]\nenv = ["SET_HERE", "UNSET_HERE", "A=1"]\n')
+    done = dtrain(project, "run", "--dry-run", "--json", "true", env={"SET_HERE": "yes"})
+    assert done.returncode == 0, done.stderr
+    env = json.loads(done.stdout)[0]["env"]
+    assert env["A"] == "1" and "UNSET_HERE" not in env and "SET_HERE" in json.dumps(done.stdout)
+    assert (
+        "dtrain: note: ../../dtrain.toml:2: env UNSET_HERE not set here: not passed"
+        in done.stderr.splitlines()
+    )
+    unset = dtrain(project, "run", "--dry-run", "-x", "UNSET_HERE", "true")
+    assert unset.returncode == 2  # typed on the command line: still an error
+
+
+def test_tool_dtrain_as_a_dotted_key_under_tool(project: Path) -> None:
+    write(project, "pyproject.toml", "[tool]\ndtrain = { run = { np = 3 } }\n")
+    assert len(plan(project)) == 3
+
+
 def test_x_pattern_copies_a_family_of_variables(project: Path) -> None:
     family = {"FAMILY_ONE": "1", "FAMILY_TWO": "2", "FAMILYX": "no", "OTHER_FAMILY_": "no"}
     ranks = plan(project, "-x", "FAMILY_*", env=family)

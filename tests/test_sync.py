@@ -91,6 +91,14 @@ def test_link_targets() -> None:
             link_target(path, target, "/d")
 
 
+def test_a_link_leaving_dir_is_named_with_the_target_it_has() -> None:
+    # (an absolute target is said as the link has it, not as a path relative to the link)
+    with pytest.raises(
+        UsageError, match=re.escape("the link a/b points outside it (to /etc/passwd)")
+    ):
+        link_target("a/b", "/etc/passwd", "/d")
+
+
 def test_names() -> None:
     assert check_name("a/b.py") == "a/b.py"
     for bad in ["", "/etc/x", "../x", "a/../../x", "a//b", "./a", "a\0b"]:

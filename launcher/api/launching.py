@@ -176,7 +176,7 @@ def failure_of(
     job_id, code = prepared.job_id, result.exit_code
     failure = result.failure
     if failure is None:
-        last = summary[-1].removeprefix("dtrain: ") if summary else f"job {job_id} {state}"
+        last = last_message(summary) or f"job {job_id} {state}"
         return JobFailed(last, job_id=job_id, exit_code=code, state=state, summary=summary)
     sent = read_result(prepared.job_path, failure.rank, prepared.packed.token)
     cause = failure.cause or describe_status(failure.status)
@@ -207,6 +207,20 @@ def failure_of(
         state=state,
         summary=summary,
     )
+
+
+def last_message(summary: Sequence[str]) -> str | None:
+    """The summary's last ``dtrain: ...`` message on one line (``fit`` broke it to fit the
+    terminal, going on under an indent)."""
+    from launcher.view.reports import INDENT
+
+    parts: list[str] = []
+    for line in reversed(summary):
+        if line.startswith(INDENT):
+            parts.insert(0, line.strip())
+            continue
+        return " ".join([line.removeprefix("dtrain: "), *parts])
+    return None
 
 
 def runner_hint(last_lines: Iterable[str]) -> str | None:

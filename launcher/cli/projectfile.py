@@ -30,7 +30,7 @@ FILE_NAME = "dtrain.toml"
 PYPROJECT = "pyproject.toml"
 PYPROJECT_TABLE = ("tool", "dtrain")
 # A pyproject.toml is parsed only when a line of it starts dtrain's table or a key in it.
-NAMES_DTRAIN = r"""^\s*(\[\s*)?tool\s*\.\s*["']?dtrain\b"""
+NAMES_DTRAIN = r"""^\s*((\[\s*)?tool\s*\.\s*["']?dtrain\b|["']?dtrain["']?\s*=)"""
 API_CALL = "dtrain.api_call"  # ctx.meta key: launch()'s, the options its keywords give
 PATH_METAVARS: dict[str, PathKind] = {
     "FILE": "file",
@@ -78,7 +78,7 @@ def apply_project_file(source: Source, options: dict[str, Any]) -> dict[str, Any
     for other, its in commands.items():  # (its own table: parsed as dtrain OTHER would)
         if other != name and checked.get(other):
             parsed_values(its, settings_for(other, keys[other], checked))
-    settings = settings_for(name, keys[name], checked)
+    settings = without_unset_names(settings_for(name, keys[name], checked), os.environ)
     values = parsed_values(command, settings) if settings else {}
     peers: Mapping[str, tuple[str, Any]] = ctx.meta.get(PEER_VALUES, {})
     api = API_CALL in ctx.meta  # (then: the options launch()'s keywords gave)
@@ -95,6 +95,40 @@ def apply_project_file(source: Source, options: dict[str, Any]) -> dict[str, Any
         for line in describe(source, name, applied, API_CALLER if api else Caller()):
             click.echo(line, err=True)
     return merged
+
+
+def without_unset_names(settings: list[Setting], environ: Mapping[str, str]) -> list[Setting]:
+    """The file's ``env`` names a project may use (``PYTHONPATH``, ``WANDB_API_KEY``) need not
+    be set in every shell: one that is not is left out with a note, not an error as an unset
+    ``-x NAME`` typed on the command line is."""
+    import click
+
+    from launcher.core.env import is_env_pattern
+
+    kept: list[Setting] = []
+    for setting in settings:
+        value = [setting.value] if isinstance(setting.value, str) else setting.value
+        if setting.key.field == "exports" and isinstance(value, list | tuple):
+            unset = [
+                item
+                for item in value
+                if isinstance(item, str)
+                and "=" not in item
+                and not is_env_pattern(item)
+                and item not in environ
+            ]
+            if unset:
+                click.echo(
+                    f"dtrain: note: {setting.where}: env {', '.join(unset)} not set here: "
+                    "not passed",
+                    err=True,
+                )
+                value = [item for item in value if item not in unset]
+                if not value:
+                    continue
+                setting = replace(setting, value=value, written=value)
+        kept.append(setting)
+    return kept
 
 
 def find_project_file(start: str) -> Source | None:

@@ -104,10 +104,11 @@ def check_name(path: str) -> str:
 
 def link_target(path: str, target: str, folder: str) -> str:
     """A link's target as kept in the copy: relative, and inside DIR (``folder``, absolute);
-    a target that leaves DIR is refused, naming the link."""
+    a target that leaves DIR is refused, naming the link and its target as written."""
+    kept = target
     if posixpath.isabs(target):
         inside = posixpath.relpath(posixpath.normpath(target), folder)
-        target = posixpath.relpath(
+        kept = posixpath.relpath(
             posixpath.join(folder, inside), posixpath.join(folder, posixpath.dirname(path))
         )
     else:
@@ -117,7 +118,7 @@ def link_target(path: str, target: str, folder: str) -> str:
             f"--sync {folder}: the link {path} points outside it (to {target})",
             "copy the file it points to into the folder, or add the link to .gitignore",
         )
-    return target
+    return kept
 
 
 def synced_workdir(copy: str, folder: str, workdir: str) -> str:
