@@ -128,6 +128,8 @@ def test_a_job_failed_without_a_rank_says_its_whole_last_line(mark: str) -> None
         ({"quiet": "yes"}, "quiet='yes': a flag takes True or False (write quiet=True)"),
         ({"detach": True}, "detach= is not an option of launch() (use launcher.start("),
         ({"env": 5}, "env=5: not variables"),
+        ({"env": {"A": None}}, "env={'A': None}: a variable's value is text"),
+        ({"env": {"A": True}}, "env={'A': True}: a variable's value is text"),
         ({"env": {"1BAD": "x"}}, "-x '1BAD=x': '1BAD' is not a valid variable name"),
         ({"bind_to": "everything"}, "Invalid value for '--bind-to'"),
     ],

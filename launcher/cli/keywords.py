@@ -74,6 +74,12 @@ def option_arguments(name: str, value: Any, flag: Flag) -> list[str]:
 def env_items(value: Any) -> list[str]:
     """``env=``: a mapping of values, or names (one, or several) copied from here."""
     if isinstance(value, Mapping):
+        for key, item in value.items():  # (None or True would reach the ranks as "None")
+            if not isinstance(item, str | int | float) or isinstance(item, bool):
+                raise UsageError(
+                    f"env={{{key!r}: {item!r}}}: a variable's value is text",
+                    f"write env={{{key!r}: '...'}}, or leave {key} out",
+                )
         return [f"{key}={item}" for key, item in value.items()]
     if isinstance(value, str):
         return [value]
