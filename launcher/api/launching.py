@@ -182,30 +182,23 @@ def failure_of(
     cause = failure.cause or describe_status(failure.status)
     where = f"rank {failure.rank} on {failure.host}"
     raised = sent[1] if sent is not None and isinstance(sent[1], RankError) else None
-    if raised is None:
-        return RankFailed(
-            f"{where} failed ({cause})",
-            rank=failure.rank,
-            host=failure.host,
-            cause=cause,
-            job_id=job_id,
-            exit_code=code,
-            state=state,
-            summary=summary,
-            hint=runner_hint(failure.last_lines) or f"see: dtrain logs {job_id}",
-        )
     return RankFailed(
-        f"{where} raised {raised.type}: {raised.message}",
+        f"{where} failed ({cause})"
+        if raised is None
+        else f"{where} raised {raised.type}: {raised.message}",
         rank=failure.rank,
         host=failure.host,
         cause=cause,
-        exc_type=raised.type,
-        exc_message=raised.message,
-        remote_traceback=raised.traceback,
+        exc_type=None if raised is None else raised.type,
+        exc_message=None if raised is None else raised.message,
+        remote_traceback=None if raised is None else raised.traceback,
         job_id=job_id,
         exit_code=code,
         state=state,
         summary=summary,
+        hint=None
+        if raised is not None
+        else runner_hint(failure.last_lines) or f"see: dtrain logs {job_id}",
     )
 
 

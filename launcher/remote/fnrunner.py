@@ -150,20 +150,24 @@ def returned(fd: int, token: str, value: Any, limit: int) -> int:
         data = dumps(value)
     except Exception as exc:
         error = describe(exc, skip_frames=0)
-        error["message"] = f"its return value cannot be pickled: {exc}"
-        print(f"dtrain: {error['message']}", file=sys.stderr, flush=True)
-        send_error(fd, token, error)
-        return 1
+        return refuse(fd, token, error, f"its return value cannot be pickled: {exc}")
     if len(data) > limit:
         message = (
             f"its return value pickles to {len(data)} bytes, over the limit of {limit} "
             "(hint: save large results to a file and return its path)"
         )
-        print(f"dtrain: {message}", file=sys.stderr, flush=True)
-        send_error(fd, token, {"type": "ValueError", "message": message, "traceback": ""})
-        return 1
+        return refuse(fd, token, {"type": "ValueError", "traceback": ""}, message)
     send(fd, token, VALUE, data)
     return 0
+
+
+def refuse(fd: int, token: str, error: dict[str, str], message: str) -> int:
+    """dtrain's own reason this rank fails (no call, or no value to send): said on its
+    stderr, and sent as its error; the rank's exit code."""
+    error["message"] = message
+    print(f"dtrain: {message}", file=sys.stderr, flush=True)
+    send_error(fd, token, error)
+    return 1
 
 
 def flush_streams() -> None:
@@ -186,10 +190,7 @@ def main() -> int:
         name_code(fn, *origins)
     except Exception as exc:
         error = describe(exc, skip_frames=0)
-        error["message"] = f"cannot load the function: {exc} ({load_hint(exc)})"
-        print(f"dtrain: {error['message']}", file=sys.stderr, flush=True)
-        send_error(out, token, error)
-        return 1
+        return refuse(out, token, error, f"cannot load the function: {exc} ({load_hint(exc)})")
     try:
         value = fn(*args, **kwargs)
     except Exception as exc:

@@ -15,11 +15,10 @@ from typing import Any, TextIO
 
 from launcher.core.command import LaunchSpec
 from launcher.core.config import ViewConfig
-from launcher.core.outcome import OutputSink, PassesTiming, RankState, Stream
+from launcher.core.outcome import OutputSink, Stream
 from launcher.core.plan import Plan
 from launcher.core.results import is_result_line
-from launcher.streams.outlets import TimedSink
-from launcher.view.frontend import TerminalFrontend
+from launcher.view.frontend import LineFilter, TerminalFrontend
 
 
 def caller_view_config(config: ViewConfig) -> ViewConfig:
@@ -45,33 +44,10 @@ class CallerFrontend(TerminalFrontend):
         return ResultsLeftOut(view), showing
 
 
-class ResultsLeftOut(PassesTiming):
-    """A view's sink without the function's result lines (the job directory keeps them); it
-    passes the timing of a collapsing view behind it on (as ``RankFilter`` does)."""
+class ResultsLeftOut(LineFilter):
+    """A view's sink without the function's result lines (the job directory keeps them)."""
 
-    def __init__(self, view: Any) -> None:
-        self.view = view
-        self.timed = view if isinstance(view, TimedSink) else None
-
-    @staticmethod
-    def shown(stream: Stream, lines: list[bytes]) -> list[bytes]:
+    def kept(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> list[bytes]:
         if stream != "stdout":
             return lines
         return [line for line in lines if not is_result_line(line)]
-
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        lines = self.shown(stream, lines)
-        if lines:
-            self.view.show(spec, stream, lines)
-
-    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
-        lines = self.shown(stream, lines)
-        if not lines:
-            return
-        if self.timed is not None:
-            self.timed.show_at(spec, stream, lines, at)
-        else:
-            self.view.show(spec, stream, lines)
-
-    def update(self, state: RankState) -> None:
-        self.view.update(state)

@@ -190,7 +190,36 @@ def make_view(
     return view, showing
 
 
-class RankFilter(PassesTiming):
+class LineFilter(PassesTiming):
+    """A sink in front of a view that lets only some lines through (``kept``); it passes the
+    timing of a collapsing view behind it (``TimedSink``) on."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.timed = view if isinstance(view, TimedSink) else None
+
+    def kept(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> list[bytes]:
+        return lines
+
+    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+        lines = self.kept(spec, stream, lines)
+        if lines:
+            self.view.show(spec, stream, lines)
+
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
+        lines = self.kept(spec, stream, lines)
+        if not lines:
+            return
+        if self.timed is not None:
+            self.timed.show_at(spec, stream, lines, at)
+        else:
+            self.view.show(spec, stream, lines)
+
+    def update(self, state: RankState) -> None:
+        self.view.update(state)
+
+
+class RankFilter(LineFilter):
     """``--ranks 0,3``, ``--local-ranks 0``, torchrun's ``--redirects 1|2``: only these ranks
     (or local ranks), and these streams, reach the terminal.  It comes first, before the
     collapsing view it may wrap, whose timing (``TimedSink``) it passes on."""
@@ -202,11 +231,10 @@ class RankFilter(PassesTiming):
         local_ranks: set[int] | None = None,
         hide: Iterable[str] = (),
     ) -> None:
-        self.view = view
+        super().__init__(view)
         self.ranks = ranks
         self.local_ranks = local_ranks
         self.hide = set(hide)
-        self.timed = view if isinstance(view, TimedSink) else None
 
     def is_shown(self, spec: LaunchSpec, stream: Stream) -> bool:
         if spec.label:  # mpirun's own lines
@@ -217,17 +245,5 @@ class RankFilter(PassesTiming):
             return False
         return self.local_ranks is None or spec.local_rank in self.local_ranks
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
-        if self.is_shown(spec, stream):
-            self.view.show(spec, stream, lines)
-
-    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
-        if not self.is_shown(spec, stream):
-            return
-        if self.timed is not None:
-            self.timed.show_at(spec, stream, lines, at)
-        else:
-            self.view.show(spec, stream, lines)
-
-    def update(self, state: RankState) -> None:
-        self.view.update(state)
+    def kept(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> list[bytes]:
+        return lines if self.is_shown(spec, stream) else []
