@@ -4,7 +4,9 @@
     dtrain run --max-restarts 2 -np 4 python examples/torch_ddp_checkpoint.py --crash-at-step 60
 
 An MLP learns scikit-learn's digits (shipped with the package: no download) with
-DistributedDataParallel over gloo.  Every ``--checkpoint-every`` steps rank 0 writes
+DistributedDataParallel: over NCCL on the rank's GPU where CUDA is available, else over gloo
+on the CPU (``--backend``/``--device`` force either; devices.py says which GPU a rank takes).
+Every ``--checkpoint-every`` steps rank 0 writes
 the model, the optimizer and the step to ``$DTRAIN_CHECKPOINT_DIR`` atomically
 (write to a temporary file, fsync, rename, fsync the folder), so a crash can never
 leave a torn checkpoint; on start every rank loads the latest one and goes on from
@@ -16,6 +18,8 @@ same updates as one that never failed and ends with the same accuracy.
 
 ``--crash-at-step N`` makes rank ``--crash-rank`` kill itself with SIGKILL at step N
 in the first attempt only (``DTRAIN_RESTART_COUNT`` is 0): a failure to recover from.
+Checkpoints are saved from the device and loaded onto the CPU first, so a job on GPUs
+resumes (on GPUs or not) as one on the CPU does.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from devices import add_device_flags, join_process_group
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.nn.parallel import DistributedDataParallel
@@ -49,6 +54,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--crash-at-step", type=int, default=None, metavar="N")
     parser.add_argument("--crash-rank", type=int, default=1)
+    add_device_flags(parser)
     return parser.parse_args()
 
 
@@ -83,7 +89,8 @@ def resume_state(folder: Path, rank: int) -> dict[str, object] | None:
     if rank == 0:
         checkpoint = latest_checkpoint(folder)
         if checkpoint is not None:
-            state = torch.load(checkpoint, weights_only=True)
+            # onto the CPU: small to send, and every rank copies it onto its own device
+            state = torch.load(checkpoint, weights_only=True, map_location="cpu")
             state["name"] = checkpoint.name
     box = [state]
     dist.broadcast_object_list(box, src=0)
@@ -113,13 +120,14 @@ def save_checkpoint(folder: Path, step: int, model: torch.nn.Module, optimizer: 
 
 def main() -> int:
     args = parse_args()
-    dist.init_process_group("gloo")
+    backend, device = join_process_group(args.backend, args.device)
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("DTRAIN_RESTART_COUNT", "0"))
-    x_train, y_train, x_test, y_test = load_data()
+    x_train, y_train, x_test, y_test = (t.to(device) for t in load_data())
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    model = DistributedDataParallel(net)
+    net = net.to(device)
+    model = DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     folder = Path(args.checkpoint_dir)
     start = 0
@@ -132,13 +140,15 @@ def main() -> int:
             print(f"attempt {attempt}: resuming from step {start} ({state['name']})")
     elif rank == 0:
         print(f"attempt {attempt}: starting from scratch ({world} ranks)")
+    if rank == 0:
+        print(f"attempt {attempt}: {backend}, rank 0 on {device}")
     total = args.epochs * (len(x_train) // GLOBAL_BATCH)
     loss = None
     for step in range(start, total):
         if step == args.crash_at_step and rank == args.crash_rank and attempt == 0:
             print(f"rank {rank}: crashing at step {step} (--crash-at-step)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        batch = batch_of(step, len(x_train), rank, world)
+        batch = batch_of(step, len(x_train), rank, world).to(device)
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
         loss.backward()  # DDP averages the gradients over the ranks

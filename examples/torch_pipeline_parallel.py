@@ -22,7 +22,7 @@ into ``--micro-batches`` pieces and runs the GPipe schedule:
 
 The loss of a micro-batch is weighted by its share of the batch, so the accumulated
 gradient is the gradient of the whole batch: the pipeline makes the same updates as
-ordinary training in one process.  ``--single`` is that training, in one process:
+ordinary training in one process.  ``--single`` is that training, in one process (on the CPU):
 the same initial weights, data order and micro-batches (it computes exactly what the
 pipeline computes: the same loss at every epoch, to the last printed digit), and with
 ``--micro-batches 1`` one backward pass per whole batch (the same up to floating-point
@@ -32,8 +32,11 @@ rounding).  Measured (15 epochs): test accuracy 0.9639 with 2 and with 4 stages,
 ``--engine p2p`` (default) does the schedule above by hand with torch.distributed's
 point-to-point ``isend``/``recv``; ``--engine torch`` hands it to
 ``torch.distributed.pipelining`` (``PipelineStage`` + ``ScheduleGPipe``), which does
-the same over the same process group.  Both run on gloo (CPU); with a GPU for every
-local rank the stages run on ``cuda:LOCAL_RANK`` over NCCL.
+the same over the same process group.  Both run over NCCL on GPUs where CUDA is available
+(a GPU per rank), else over gloo on the CPU; ``--backend {auto,nccl,gloo}`` and ``--device
+{auto,cuda,cpu}`` force either (devices.py says which GPU a rank takes, with dtrain's GPU
+binding and with ``--no-gpu-binding``).  Bad input is refused (one line, exit code 2)
+before torch loads.
 
 The environment is dtrain's (torchrun's) contract: RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, LOCAL_RANK.  The data is scikit-learn's handwritten digits (8x8 images,
@@ -46,14 +49,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Mapping
 
-import torch
-import torch.distributed as dist
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-from torch import nn
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from devices import DeviceChoiceError, add_device_flags, check_flags, join_process_group, refuse
 
 BATCH = 64
 SEED = 0
@@ -69,13 +67,50 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--engine", choices=["p2p", "torch"], default="p2p")
     parser.add_argument("--single", action="store_true", help="train in one process (reference)")
+    add_device_flags(parser)
     return parser.parse_args()
 
 
-def fail(message: str) -> NoReturn:
-    """Bad input: one line on stderr, exit code 2."""
-    print(f"torch_pipeline_parallel.py: {message}", file=sys.stderr)
-    sys.exit(2)
+def input_error(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """What is wrong with the arguments and the environment, if anything (the standard
+    library only: it runs before torch loads, so bad input is refused at once)."""
+    blocks = args.hidden_layers + 1
+    if args.hidden_layers < 0 or args.micro_batches < 1 or args.epochs < 1:
+        return "--hidden-layers must be 0 or more, --micro-batches and --epochs 1 or more"
+    if BATCH % args.micro_batches:
+        return f"--micro-batches {args.micro_batches} does not divide the batch ({BATCH}): use 4"
+    try:
+        check_flags(args.backend, args.device)
+    except DeviceChoiceError as exc:
+        return str(exc)
+    if args.single:
+        return None
+    if "RANK" not in environ or "WORLD_SIZE" not in environ:
+        return "RANK and WORLD_SIZE are not set: run it with dtrain run -np 2, or with --single"
+    world = int(environ["WORLD_SIZE"])
+    stages = world if args.stages is None else args.stages
+    if stages != world:
+        return f"--stages {stages} but WORLD_SIZE is {world}: one stage per rank, use -np {stages}"
+    if stages < 2:
+        return "a pipeline needs 2 stages or more: -np 2 or more (or --single for one process)"
+    if stages > blocks:
+        return (
+            f"{stages} stages but the model has {blocks} blocks: use --hidden-layers {stages - 1}"
+        )
+    return None
+
+
+if __name__ == "__main__":  # checked before the imports below: torch takes seconds to load
+    ARGS = parse_args()
+    if (error := input_error(ARGS, os.environ)) is not None:
+        refuse(error)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # noqa: E402
 
 
 def load_data() -> tuple[torch.Tensor, ...]:
@@ -211,25 +246,10 @@ def torch_schedule(pipe: Pipeline, micro_batches: int) -> ScheduleGPipe:
     return ScheduleGPipe(stage, n_microbatches=micro_batches, loss_fn=nn.functional.cross_entropy)
 
 
-def setup() -> tuple[int, int, torch.device]:
-    """Join the process group from dtrain's environment; returns rank, world size and device."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    gpus = torch.cuda.device_count()
-    if gpus >= local_world:  # a GPU for every rank on this host: NCCL
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    # init_method env:// reads MASTER_ADDR and MASTER_PORT (the rendezvous dtrain chose).
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world)
-    return rank, world, device
-
-
 def train_pipeline(args: argparse.Namespace) -> int:
-    rank, world, device = setup()
+    # MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE: the rendezvous dtrain chose
+    backend, device = join_process_group(args.backend, args.device)
+    rank, world = dist.get_rank(), dist.get_world_size()
     x_train, y_train, x_test, y_test = load_data()
     blocks = build_blocks(args.hidden_layers)
     sizes = ", ".join(str(len(stage_of(blocks, s, world))) for s in range(world))
@@ -238,7 +258,7 @@ def train_pipeline(args: argparse.Namespace) -> int:
     optimizer = make_optimizer(pipe.module)
     schedule = torch_schedule(pipe, args.micro_batches) if args.engine == "torch" else None
     held = sum(p.numel() for p in pipe.module.parameters())
-    print(f"stage {rank}: {len(pipe.module)} block(s), {held} parameters")
+    print(f"stage {rank}: {len(pipe.module)} block(s), {held} parameters, on {device} ({backend})")
     if pipe.last:
         print(f"{world} stages (blocks per stage: {sizes}), {args.micro_batches} micro-batches")
     for epoch in range(args.epochs):
@@ -266,27 +286,10 @@ def train_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
-def main() -> int:
-    args = parse_args()
-    blocks = args.hidden_layers + 1
-    if args.hidden_layers < 0 or args.micro_batches < 1 or args.epochs < 1:
-        fail("--hidden-layers must be 0 or more, --micro-batches and --epochs 1 or more")
-    if BATCH % args.micro_batches:
-        fail(f"--micro-batches {args.micro_batches} does not divide the batch ({BATCH}): use 4")
-    if args.single:
-        return train_single(args)
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        fail("RANK and WORLD_SIZE are not set: run it with dtrain run -np 2, or with --single")
-    world = int(os.environ["WORLD_SIZE"])
-    stages = world if args.stages is None else args.stages
-    if stages != world:
-        fail(f"--stages {stages} but WORLD_SIZE is {world}: one stage per rank, use -np {stages}")
-    if stages < 2:
-        fail("a pipeline needs 2 stages or more: -np 2 or more (or --single for one process)")
-    if stages > blocks:
-        fail(f"{stages} stages but the model has {blocks} blocks: use --hidden-layers {stages - 1}")
-    return train_pipeline(args)
+def main(args: argparse.Namespace) -> int:
+    """Train (``args`` checked by ``input_error``)."""
+    return train_single(args) if args.single else train_pipeline(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(ARGS))

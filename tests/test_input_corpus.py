@@ -33,7 +33,7 @@ from click.testing import CliRunner
 from launcher.base.errors import UsageError
 from launcher.cli.dialects import PEER_FLAGS
 from launcher.cli.main import cli, main
-from launcher.cli.options import Seconds
+from launcher.cli.options import Seconds, Share
 
 CASE_TIMEOUT_S = 20  # a hang fails here; a case takes milliseconds
 Expect = Literal["bad", "good", "any"]  # refused / a correct result / either
@@ -516,7 +516,8 @@ def test_bad_input_gives_one_line_or_a_correct_result(
 
 def test_every_float_option_is_a_duration_refusing_nan_and_inf() -> None:
     """No float option can miss the check: each is a ``Seconds``, which refuses nan, inf and
-    more than a year (the corpus runs each of them with those values)."""
+    more than a year, or a ``Share`` (--straggler-ratio), which refuses nan and all but
+    (0, 1) (the corpus runs each of them with those values)."""
     floats = [
         (name, option.opts[0], option.type)
         for name, command in commands()
@@ -524,7 +525,7 @@ def test_every_float_option_is_a_duration_refusing_nan_and_inf() -> None:
     ]
     assert floats  # (the walk finds them)
     for name, flag, kind in floats:
-        assert isinstance(kind, Seconds), f"dtrain {name} {flag} is {kind!r}"
+        assert isinstance(kind, Seconds | Share), f"dtrain {name} {flag} is {kind!r}"
         for value in NOT_SECONDS:
             with pytest.raises(click.BadParameter):
                 kind.convert(value, None, None)

@@ -7,6 +7,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -23,6 +24,8 @@ TOLERANCE = 0.01  # on the test accuracy, as the README states
 
 
 def load_example() -> ModuleType:
+    if str(EXAMPLE.parent) not in sys.path:  # its devices.py, as `python examples/X.py` has it
+        sys.path.insert(0, str(EXAMPLE.parent))
     spec = importlib.util.spec_from_file_location("dtrain_example_pipeline", EXAMPLE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -100,6 +103,17 @@ def test_stages_share_the_blocks_in_order(blocks: int, stages: int, sizes: list[
     assert [b for p in parts for b in p] == model  # every block once, in order
 
 
+@pytest.fixture(scope="module")
+def without_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder for PYTHONPATH where torch and sklearn fail to import: what is refused before
+    they load (in a blink, not the seconds torch takes) never notices."""
+    folder = tmp_path_factory.mktemp("without_torch")
+    for name in ("torch", "sklearn"):
+        (folder / name).mkdir()
+        (folder / name / "__init__.py").write_text(f"raise ImportError('{name} was imported')\n")
+    return folder
+
+
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
@@ -108,15 +122,20 @@ def test_stages_share_the_blocks_in_order(blocks: int, stages: int, sizes: list[
         (["--stages", "3"], {"RANK": "0", "WORLD_SIZE": "2"}, "--stages 3 but WORLD_SIZE is 2"),
         ([], {"RANK": "0", "WORLD_SIZE": "1"}, "a pipeline needs 2 stages or more"),
         ([], {"RANK": "0", "WORLD_SIZE": "6"}, "6 stages but the model has 4 blocks"),
+        (
+            ["--backend", "nccl", "--device", "cpu"], {"RANK": "0", "WORLD_SIZE": "2"},
+            "--backend nccl cannot run with --device cpu: nccl runs on cuda tensors here",
+        ),
     ],
-)
-def test_bad_input_is_one_line_and_exit_2(
-    args: list[str], env: dict[str, str], message: str
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2_before_torch_loads(
+    args: list[str], env: dict[str, str], message: str, without_torch: Path
 ) -> None:
     base = {k: v for k, v in child_env().items() if k not in ("RANK", "WORLD_SIZE")}
-    result = run_example(*args, env={**base, **env})
+    result = run_example(*args, env={**base, **env, "PYTHONPATH": str(without_torch)})
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert result.stderr.startswith("torch_pipeline_parallel.py: "), result.stderr
 
 
 def test_the_documented_accuracies_are_the_references(reference: dict[str, str]) -> None:

@@ -119,49 +119,6 @@ def test_tf_config_is_what_tensorflow_resolves(tmp_path: Path) -> None:
 
 @needs_tf
 @pytest.mark.slow
-def test_tf_parameter_server_training_on_localhost(mark: str, tmp_path: Path) -> None:
-    result = run_dtrain(
-        "ps",
-        "--workers",
-        "2",
-        "--ps",
-        "1",
-        "-x",
-        f"DTRAIN_TEST_MARK={mark}",
-        "python",
-        "examples/tf_ps_train.py",
-        "--epochs",
-        "6",  # asynchronous: 4 epochs ended at 0.898-0.93, too close to the bound
-        "--checkpoint-dir",
-        str(tmp_path),
-        timeout=280,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert accuracy_of(result.stdout) >= 0.9
-    assert wait_until_gone(mark) == []  # ps and workers were stopped when the chief ended
-    again = run_dtrain(
-        "ps",
-        "--workers",
-        "2",
-        "--ps",
-        "1",
-        "--builtin-servers",
-        "-x",
-        f"DTRAIN_TEST_MARK={mark}",
-        "python",
-        "examples/tf_ps_train.py",
-        "--epochs",
-        "7",
-        "--checkpoint-dir",
-        str(tmp_path),
-        timeout=280,
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from" in again.stdout and "at epoch 6" in again.stdout
-
-
-@needs_tf
-@pytest.mark.slow
 def test_killed_ps_fails_the_job_naming_it(mark: str, tmp_path: Path) -> None:
     proc = start_dtrain(
         "ps",

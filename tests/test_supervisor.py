@@ -11,7 +11,8 @@ from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
 from launcher.core.outcome import JobResult, RankReport
 from launcher.loop.rankrun import Signalled
-from launcher.loop.supervisor import SETTLE_EXTRA_S, Supervisor, TimeLimits
+from launcher.loop.settle import SETTLE_EXTRA_S
+from launcher.loop.supervisor import Supervisor, TimeLimits
 from tests.fakes import FakeClock, FakeProcess, FakeTransport, RecordingSink, Script
 
 

@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Literal
@@ -571,6 +571,26 @@ class TestHosts:
             check=check,
             stdin=None if input is not None else subprocess.DEVNULL,
         )
+
+    @contextlib.contextmanager
+    def shaped(self, name: str, rate: str = "50mbit") -> Iterator[None]:
+        """Slow host ``name``'s link both ways with a token bucket (``tc qdisc ... tbf``) on
+        both ends of its veth pair, as a bad cable or a misnegotiated NIC would; removed on
+        exit.  netns mode only (loopback hosts share one link)."""
+        if self.mode != "netns":
+            raise TestHostsError("shaping a link needs the netns test hosts")
+        tbf = ["root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]
+        ends = [  # to the host (the bridge's side), from the host (inside its namespace)
+            (["tc", "qdisc"], f"{VETH_PREFIX}{name}"),
+            (["ip", "netns", "exec", netns_name(name), "tc", "qdisc"], "eth0"),
+        ]
+        for tc, dev in ends:
+            _run([*tc, "replace", "dev", dev, *tbf])
+        try:
+            yield
+        finally:
+            for tc, dev in ends:
+                _run([*tc, "del", "dev", dev, "root"], check=False)
 
     def processes(self, name: str) -> list[int]:
         """Pids on host ``name``: all processes in its network namespace

@@ -44,6 +44,7 @@ OPTION_GROUPS: tuple[tuple[str, str], ...] = (
         "blacklist_cooldown_s checkpoint_dir",
     ),
     ("Failures and limits", "hang_timeout_s on_hang start_timeout_s time_limit_s grace_s"),
+    ("Progress and stragglers", "progress_regex straggler_ratio straggler_after_s stragglers"),
     ("SSH", "config_file port identity timeout_s host_timeout_s accept_new_host_keys"),
     ("Other", "help"),
 )

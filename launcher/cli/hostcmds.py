@@ -9,9 +9,19 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
-from launcher.cli.options import CONTEXT, host_options, ssh_options
+from launcher.base.errors import UsageError
+from launcher.cli.options import CONTEXT, Seconds, host_options, ssh_options
 from launcher.core.config import SshConfig, pick
+
+DEFAULT_NETWORK_TIMEOUT_S = 10.0
+NETWORK_FLAGS = {  # check's options that only --network takes
+    "network_timeout_s": "--timeout",
+    "min_bandwidth": "--min-bandwidth",
+    "interface": "--network-interface",
+    "no_allreduce": "--no-allreduce",
+}
 
 if TYPE_CHECKING:
     from launcher.core.hosts import Host
@@ -41,20 +51,106 @@ def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> i
 @host_options
 @ssh_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def check(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool, **ssh: Any) -> int:
-    """Check every host in parallel: SSH, Python, frameworks, GPUs, ports, clock."""
+@click.option(
+    "--network",
+    is_flag=True,
+    help="Measure the network between the hosts instead: each host's bandwidth out and in "
+    "and round trip to its peers on the ranks' interface, and an allreduce over all of them; "
+    "names the hosts and pairs below half the median.",
+)
+@click.option(
+    "--timeout",
+    "network_timeout_s",  # (timeout_s is --ssh-timeout's)
+    type=Seconds(0.5, 3600),
+    default=DEFAULT_NETWORK_TIMEOUT_S,
+    metavar="SECONDS",
+    show_default=True,
+    help="With --network: how long the measurements may take (hosts measure in parallel).",
+)
+@click.option(
+    "--min-bandwidth",
+    metavar="RATE",
+    help="With --network: name every host or pair below RATE instead: bits per second "
+    "(1Gbit, 500Mbit) or bytes per second (100MB, 1.5GB).",
+)
+@click.option(
+    "--network-interface",
+    "interface",
+    metavar="IFACE",
+    help="With --network: measure through IFACE on every host (default: the one towards the "
+    "first host, as ranks use).",
+)
+@click.option(
+    "--no-allreduce", is_flag=True, help="With --network: point to point only (no torch)."
+)
+def check(
+    host_lists: tuple[str, ...],
+    hostfile: str | None,
+    as_json: bool,
+    network: bool,
+    no_allreduce: bool,
+    **options: Any,
+) -> int:
+    """Check every host in parallel: SSH, Python, frameworks, GPUs, ports, clock; or with
+    --network, the network between them."""
     import json
 
     from launcher.run.survey import check_hosts
     from launcher.view.reports import print_check_report
 
+    network_only = {k: options.pop(k) for k in ("network_timeout_s", "min_bandwidth", "interface")}
+    context = click.get_current_context()
+    given = [
+        flag
+        for name, flag in NETWORK_FLAGS.items()
+        if context.get_parameter_source(name) != ParameterSource.DEFAULT
+    ]
+    if given and not network:
+        raise UsageError(f"{given[0]} is an option of check --network", "add --network")
     found = hosts_given(host_lists, hostfile)
-    rows = check_hosts(found, pick(SshConfig, ssh), dict(os.environ))
+    if network:
+        return check_network(found, pick(SshConfig, options), as_json, no_allreduce, **network_only)
+    rows = check_hosts(found, pick(SshConfig, options), dict(os.environ))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
         print_check_report(rows, sys.stdout)
     return 0 if all(row["ok"] for row in rows) else 1
+
+
+def check_network(
+    found: list[Host],
+    ssh: SshConfig,
+    as_json: bool,
+    no_allreduce: bool,
+    network_timeout_s: float,
+    min_bandwidth: str | None,
+    interface: str | None,
+) -> int:
+    """``dtrain check --network``: 0 when nothing is slow or failed, else 1."""
+    from launcher.core.bounds import check_interfaces
+    from launcher.core.netcheck import parse_rate
+    from launcher.run.netcheck import NetcheckOptions, check_network
+    from launcher.view.netview import network_report_as_json, print_network_report
+
+    if interface is not None and "," in interface:
+        raise UsageError(
+            f"--network-interface {interface!r}: check --network measures one interface",
+            "give one name, and run the check again for each other",
+        )
+    check_interfaces("--network-interface", interface)  # ('' and 'a/b' too: no name)
+    options = NetcheckOptions(
+        timeout_s=network_timeout_s,
+        floor_bytes_per_s=None if min_bandwidth is None else parse_rate(min_bandwidth),
+        interface=interface,
+        allreduce=not no_allreduce,
+    )
+    report = check_network(found, ssh, options)
+    if as_json:
+        click.echo(network_report_as_json(report))
+    else:
+        print_network_report(report, sys.stdout)
+    return 0 if report.ok else 1
 
 
 def hosts_given(host_lists: tuple[str, ...], hostfile: str | None) -> list[Host]:

@@ -16,7 +16,13 @@ from typing import Any, Protocol, TypeVar
 import click
 
 from launcher.core.bounds import MAX_SECONDS
-from launcher.core.config import DEFAULT_GRACE_S, DEFAULT_HOST_TIMEOUT_S, DEFAULT_SSH_TIMEOUT_S
+from launcher.core.config import (
+    DEFAULT_GRACE_S,
+    DEFAULT_HOST_TIMEOUT_S,
+    DEFAULT_SSH_TIMEOUT_S,
+    DEFAULT_STRAGGLER_AFTER_S,
+    DEFAULT_STRAGGLER_RATIO,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,6 +65,20 @@ class Seconds(click.FloatRange):
         if seconds > self.high:  # (a lower maximum is click's to check)
             self.fail(f"{value} is more than a year ({self.high:,.0f} seconds)", param, ctx)
         return seconds
+
+
+class Share(click.FloatRange):
+    """--straggler-ratio: a share, more than 0 and less than 1 (nan refused: click's range
+    lets it through, and no rate is ever below a nan share)."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 1, min_open=True, max_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        share = super().convert(value, param, ctx)
+        if not math.isfinite(share):
+            self.fail(f"{value} is not a number between 0 and 1", param, ctx)
+        return share
 
 
 class ByteSize(click.ParamType):  # type: ignore[type-arg]  # (generic from click 8.2)
@@ -336,6 +356,36 @@ limit_options = stacked(
         metavar="SECONDS",
     ),
 )
+# Progress: each rank's step rate from its lines (dtrain top), and the slow ranks named.
+progress_options = stacked(
+    option(
+        "--progress-regex",
+        "What a step looks like in the ranks' lines: its group (or group named step) holds "
+        "the step (default: tqdm bars and 'metric: step=N' lines).",
+        metavar="REGEX",
+    ),
+    option(
+        "--straggler-ratio",
+        "Name a rank whose step rate stays below this share of the median rate...",
+        type=Share(),
+        default=DEFAULT_STRAGGLER_RATIO,
+        show_default=True,
+        metavar="SHARE",
+    ),
+    option(
+        "--straggler-after straggler_after_s",
+        "...for this long (once, on the terminal and in the job directory).",
+        type=Seconds(0.1),
+        default=DEFAULT_STRAGGLER_AFTER_S,
+        **SECONDS,
+    ),
+    option(
+        "--no-stragglers stragglers",
+        "Name no straggler (dtrain top still shows each rank's rate).",
+        flag_value=False,
+        default=True,
+    ),
+)
 transport_option = option(
     "--transport",
     "How ranks start on other hosts: ssh, or slurm (srun, inside an allocation; the default "
@@ -350,6 +400,7 @@ job_options = stacked(
     rank_options,
     restart_options,
     limit_options,
+    progress_options,
     view_options,
     ssh_options,
 )

@@ -77,6 +77,15 @@ def check_seconds(
         )
 
 
+def check_ratio(flag: str, value: float) -> None:
+    """A share of something (of the median rate): more than 0 and less than 1."""
+    if not (math.isfinite(value) and 0 < value < 1):
+        raise UsageError(
+            f"{flag} {value:g}: must be more than 0 and less than 1",
+            f"give a share of the median, e.g. {flag} 0.7",
+        )
+
+
 def parse_count(flag: str, text: str, high: int) -> int | None:
     """``text`` as a positive count of at most ``high`` (None: not a count at all, so the
     caller can try its words, e.g. ``auto``); too large or zero: one line naming ``flag``."""
@@ -132,6 +141,7 @@ DURATIONS: tuple[tuple[str, str, float, float], ...] = (
     ("ssh.timeout_s", "--ssh-timeout", 0.1, MAX_SECONDS),
     ("ssh.host_timeout_s", "--host-timeout", 1.0, MAX_SECONDS),
     ("view.collapse_window_s", "--collapse-window", 0.01, 60.0),
+    ("straggler_after_s", "--straggler-after", 0.1, MAX_SECONDS),
 )
 
 
@@ -163,6 +173,7 @@ def check_job_bounds(config: JobConfig) -> None:
     check_interfaces("--network-interface", config.env.nics)
     for path, flag, low, high in DURATIONS:
         check_seconds(flag, field_value(config, path), low, high)
+    check_ratio("--straggler-ratio", config.straggler_ratio)
     if config.ps is not None:
         check_count("--workers", config.ps.workers, 1, MAX_RANKS)
         check_count("--ps", config.ps.ps_tasks, 1, MAX_RANKS)

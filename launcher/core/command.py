@@ -66,8 +66,18 @@ def is_python_script(program: str, head: bytes | None) -> bool:
         return True
     if head is None:
         return False
+    words = shebang_words(head)
+    return bool(words) and "python" in " ".join(words)
+
+
+def shebang_words(head: bytes) -> list[str]:
+    """The interpreter and arguments a file's ``#!`` line names, ``env`` left out
+    (``#!/usr/bin/env python3 -u`` -> ``['python3', '-u']``); [] without a shebang."""
     first = head.split(b"\n", 1)[0]
-    return first.startswith(b"#!") and b"python" in first
+    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+    if words and words[0].rsplit("/", 1)[-1] == "env":
+        words = words[1:]
+    return words
 
 
 def describe_specs(

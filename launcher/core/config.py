@@ -20,6 +20,8 @@ from launcher.core.bounds import DIGITS, MAX_HOSTS, MAX_RANKS, check_job_bounds,
 DEFAULT_GRACE_S = 5.0
 DEFAULT_SSH_TIMEOUT_S = 10.0
 DEFAULT_HOST_TIMEOUT_S = 30.0
+DEFAULT_STRAGGLER_RATIO = 0.7  # --straggler-ratio: slower than this x the median...
+DEFAULT_STRAGGLER_AFTER_S = 30.0  # ...for this long (--straggler-after): named
 TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "task", "time")
 MapBy = Literal["slot", "node"]
 PerNode = Literal["auto", "gpu", "cpu"]  # --nproc-per-node by what each host has
@@ -170,6 +172,10 @@ class JobConfig:
     on_hang: OnHang = "fail"  # fail: stacks, then exit 124; dump: stacks, go on
     start_timeout_s: float | None = None  # every rank started within this
     time_limit_s: float | None = None  # --timeout: the job's wall-clock limit
+    progress_regex: str | None = None  # what a step looks like (else tqdm bars, metric: step=)
+    straggler_ratio: float = DEFAULT_STRAGGLER_RATIO
+    straggler_after_s: float = DEFAULT_STRAGGLER_AFTER_S
+    stragglers: bool = True  # --no-stragglers: rates in dtrain top, nobody named
     verbose: bool = False  # -v: what dtrain does, with timestamps
     dry_run: bool = False
     detach: bool = False
@@ -226,6 +232,10 @@ def validate_config(config: JobConfig) -> JobConfig:
         check_ps(config.ps)
     if config.python is not None and config.no_python:
         raise UsageError("--python and --no-python both given", "use one of them")
+    if config.progress_regex is not None:
+        from launcher.core.progress import compile_progress_regex  # (its regexes: when asked)
+
+        compile_progress_regex(config.progress_regex)
     return config
 
 

@@ -177,8 +177,12 @@ def build_mpirun_argv(
 # what dtrain's plan gave it (node rank, host, GPUs, NICs) from DTRAIN_RANK_<rank>, whose
 # NAME='value' words (quoted by ``rank_variables``) the shell reads back with eval, values
 # whole (spaces, quotes, $); every DTRAIN_RANK_<r> is then unset (mpirun forwards them all to
-# every rank: a rank sees only its own values); then the shell execs the program (same pid
-# for mpirun).  One sh per rank, its builtins only: no interpreter, no other process.
+# every rank: a rank sees only its own values).  The folders that DTRAIN_CHECKPOINT_DIR and
+# DTRAIN_METRICS_FILE name are made (0700) where missing, as the watchdog makes them for the
+# ranks it starts (one the user named that cannot be made ends the rank, 126, naming it; one
+# dtrain chose is warned about); then the shell
+# execs the program (same pid for mpirun).  One sh per rank, its builtins only (and a mkdir
+# where a folder is missing): no interpreter.
 RANK_SHIM = (
     'export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
     'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" '
@@ -186,7 +190,20 @@ RANK_SHIM = (
     'eval "dtrain_own=\\${DTRAIN_RANK_$OMPI_COMM_WORLD_RANK-}"; dtrain_r=0; '
     'while [ "$dtrain_r" -lt "$OMPI_COMM_WORLD_SIZE" ]; do '
     'unset "DTRAIN_RANK_$dtrain_r"; dtrain_r=$((dtrain_r + 1)); done; '
-    '[ -z "$dtrain_own" ] || eval "export $dtrain_own"; unset dtrain_own dtrain_r; exec "$@"'
+    '[ -z "$dtrain_own" ] || eval "export $dtrain_own"; unset dtrain_own dtrain_r; '
+    'dtrain_folder() { [ -z "$2" ] || [ -d "$2" ] && return; '
+    'if [ -e "$2" ]; then dtrain_why="a file is in the way"; '
+    'elif dtrain_why=$( (umask 077 && mkdir -p -- "$2") 2>&1); then return; '
+    'else dtrain_why="${dtrain_why##*: }"; fi; '
+    'if [ -n "$3" ]; then echo "dtrain: warning: cannot create $1 $2: $dtrain_why" >&2; '
+    'return; fi; echo "dtrain: cannot create $1 $2: $dtrain_why" >&2; exit 126; }; '
+    'case "${DTRAIN_CHECKPOINT_DIR-}" in */"${DTRAIN_JOB_ID-}"/checkpoints) dtrain_own=1;; '
+    "*) dtrain_own=;; esac; "
+    'dtrain_folder DTRAIN_CHECKPOINT_DIR "${DTRAIN_CHECKPOINT_DIR-}" "$dtrain_own"; '
+    'case "${DTRAIN_METRICS_FILE-}" in */?*) '
+    'dtrain_folder DTRAIN_METRICS_FILE "${DTRAIN_METRICS_FILE%/*}" 1;; esac; '
+    "unset dtrain_own; "
+    'unset -f dtrain_folder; exec "$@"'
 )
 RANK_OWN = (
     "NODE_RANK",

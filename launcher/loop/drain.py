@@ -51,13 +51,17 @@ def drain_streams(
 ) -> DrainCut | None:
     """Handle the inbox's messages until every stream of ``runs`` has ended (None), or
     until its streams have been silent for ``quiet_s``, ``cap_s`` passed, or dtrain got a
-    signal (the cut).  A rank that dtrain holds back (a full outlet) is not silent."""
+    signal (the cut).  A rank that dtrain holds back (a full outlet) is not silent.
+
+    The runs still open are looked at once per batch of messages (what came while one was
+    awaited), not once per message: at the end of a job of thousands of ranks, their
+    streams' ends come in bursts of thousands."""
     start = clock.now()
     cut: str | None = None
     signum: int | None = None
-    while any(run.open_streams for run in runs()):
+    open_runs = [run for run in runs() if run.open_streams]
+    while open_runs:
         now = clock.now()
-        open_runs = [run for run in runs() if run.open_streams]
         heard = max([start, *(now if run.holds else run.last_data for run in open_runs)])
         if now >= start + cap_s:
             cut = f"it was still arriving {cap_s:g} s after the ranks' end"
@@ -66,21 +70,34 @@ def drain_streams(
         if cut is not None:
             break
         message = clock.take(events, min(start + cap_s, heard + quiet_s) - now)
+        if message is not None and not isinstance(message, Signalled):
+            handle(message)
+            message = handle_queued(events, handle)
         if isinstance(message, Signalled):
             signum = message.signum
             cut = f"dtrain got {signal.Signals(signum).name} while it was still arriving"
             break
-        if message is not None:
-            handle(message)
-    while True:  # what came meanwhile (exits of ranks given up on, stream ends)
-        try:
-            handle(events.get_nowait())
-        except queue.Empty:
-            break
+        open_runs = [run for run in open_runs if run.open_streams]
+    handle_queued(events, handle, stop_at_signal=False)  # exits of ranks given up on, ends
     if cut is None:
         return None
     left = sorted({run.spec.rank for run in runs() if run.open_streams})
     return DrainCut(tuple(left), cut, signum) if left or signum else None
+
+
+def handle_queued(
+    events: queue.SimpleQueue[Any], handle: Callable[[Any], object], stop_at_signal: bool = True
+) -> Signalled | None:
+    """Handle every message queued now, without waiting; a signal to dtrain among them stops
+    it there and is returned (unless ``stop_at_signal`` is False: it is handled too)."""
+    while True:
+        try:
+            message = events.get_nowait()
+        except queue.Empty:
+            return None
+        if stop_at_signal and isinstance(message, Signalled):
+            return message
+        handle(message)
 
 
 def bounds(grace_s: float, stopped: bool) -> tuple[float, float]:

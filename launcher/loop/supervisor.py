@@ -47,15 +47,15 @@ from launcher.core.policy import (
     start_state,
 )
 from launcher.loop.drain import DrainCut, bounds, drain_streams, judge_output
+from launcher.loop.interpreter import INTERPRETER
 from launcher.loop.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
+from launcher.loop.settle import settle_runs
 from launcher.streams.outlets import Fanout, Outlet
 from launcher.transport.base import Process, Transport
 
 __all__ = ["Supervisor", "caught_signals"]
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for exits we may never see
-SETTLE_EXTRA_S = 2.0  # beyond the grace, for the watchdogs to exit once the ranks did
-SETTLE_POLL_S = (0.001, 0.05)  # the first and the longest pause between looks at them
 HANG_STACKS_S = 25.0  # how long taking the stacks of a hung job may take
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -167,9 +167,11 @@ class Supervisor:
     def run(self) -> JobResult:
         started = self.clock.now()
         state = start_state(frozenset())
-        with caught_signals(self.on_signal, self.handle_signals):
+        with caught_signals(self.on_signal, self.handle_signals), INTERPRETER.running_job():
             try:
-                self.start_all()
+                with INTERPRETER.starting_ranks():  # (``interpreter.py`` says why)
+                    self.start_all()
+                    INTERPRETER.freeze()  # (before the collector is back: it never sees them)
                 state = start_state(frozenset(self.runs), self.roles, self.worker_restarts)
                 state = self.loop(state)
                 self.drain()
@@ -348,12 +350,19 @@ class Supervisor:
         return None
 
     def next_event(self, deadline: float | None) -> Event | StacksTaken | None:
-        """Handle queued output until an event for the policy arrives (None: the deadline)."""
+        """Handle queued output until an event for the policy arrives (None: the deadline,
+        once nothing that came before it is left: thousands of exits queued while the loop
+        was busy are exits, not ranks that outlived the grace, to be SIGKILLed)."""
         while True:
             timeout = None if deadline is None else deadline - self.clock.now()
+            message: Message | HostsChanged | StacksTaken | None
             if timeout is not None and timeout <= 0:
-                return None
-            message = self.clock.take(self.events, timeout)
+                try:
+                    message = self.events.get_nowait()
+                except queue.Empty:
+                    return None
+            else:
+                message = self.clock.take(self.events, timeout)
             if message is None:
                 continue  # the clock may wake early: the deadline decides
             event = self.handle(message)
@@ -388,14 +397,16 @@ class Supervisor:
     def record_exit(self, message: Exit) -> None:
         run = message.run
         run.status = message.status
-        # A remote rank's pid is known once its agent started it: record it now.
+        # A remote rank's pid is known once its agent started it: record it now.  (One new
+        # state per exit: thousands of ranks may end at once.)
+        stopped = self.ended_by_us(run.spec.rank, message.status, message.time)
         run.state = replace(
             run.state,
             status=message.status,
             ended=message.time,
             pid=run.process.pid,
+            stopped=stopped,
         )
-        run.state = replace(run.state, stopped=self.ended_by_us(run.spec.rank, message.status))
 
     def drain(self) -> None:
         """Let the readers hand on every line the ranks wrote: until every stream ended,
@@ -544,14 +555,15 @@ class Supervisor:
                 rows[rank].update(figures)
         return rows
 
-    def ended_by_us(self, rank: int, status: int | None) -> bool:
-        """Did dtrain's own signal end this rank?  Not when its exit was known before dtrain
-        signalled it, nor when it exited with a failure of its own (a code other than 0 or
-        128 + the signal) while dtrain was stopping the job, nor by a SIGKILL that dtrain did
-        not send (it had only sent SIGTERM): the OOM killer, a dying machine."""
+    def ended_by_us(self, rank: int, status: int | None, ended: float | None = None) -> bool:
+        """Did dtrain's own signal end this rank (``ended``: when, if not recorded yet)?  Not
+        when its exit was known before dtrain signalled it, nor when it exited with a failure
+        of its own (a code other than 0 or 128 + the signal) while dtrain was stopping the
+        job, nor by a SIGKILL that dtrain did not send (it had only sent SIGTERM): the OOM
+        killer, a dying machine."""
         if rank not in self.stopped:
             return False
-        ended = self.runs[rank].state.ended
+        ended = self.runs[rank].state.ended if ended is None else ended
         if ended is not None and ended < self.signalled_at.get(rank, ended):
             return False  # it had ended already: the signal found nothing
         sent = {signal.SIGTERM} | ({signal.SIGKILL} if rank in self.sigkilled else set())
@@ -565,30 +577,10 @@ class Supervisor:
         return {rank for rank in self.stopped if self.ended_by_us(rank, self.runs[rank].status)}
 
     def settle(self) -> None:
-        """Wait until nothing of any rank runs: each watchdog ends what its program left
-        (within the grace) and exits.  A restart starts only after this.  The watchdogs still
-        there at the end are SIGKILLed all at once and waited for together, so that settling
-        takes at most the grace and twice ``SETTLE_EXTRA_S``, however many are stuck."""
-        runs = self.every_run()
-        stuck = self.wait_gone(runs, self.clock.now() + self.grace_s + SETTLE_EXTRA_S)
-        for run in stuck:
-            self.unsettled.add(run.spec.rank)
-            LOG.debug("rank %d: its watchdog is still there: SIGKILL", run.spec.rank)
-            run.process.signal(signal.SIGKILL)  # the group too (the local fallback)
-        self.wait_gone(stuck, self.clock.now() + SETTLE_EXTRA_S)
-
-    def wait_gone(self, runs: Sequence[RankRun], deadline: float) -> list[RankRun]:
-        """Wait until nothing of ``runs`` runs, at most until ``deadline``; those left.  A
-        watchdog's exit is looked for now and then, more rarely as the wait goes on (the
-        transports announce it to nobody the clock could wait on)."""
-        left, pause = list(runs), SETTLE_POLL_S[0]
-        while True:
-            left = [run for run in left if not run.process.gone(0.0)]
-            now = self.clock.now()
-            if not left or now >= deadline:
-                return left
-            self.clock.sleep(min(pause, deadline - now))
-            pause = min(pause * 2, SETTLE_POLL_S[1])
+        """Wait until nothing of any rank runs (``settle.settle_runs``); the ranks whose
+        watchdog had to be SIGKILLed are remembered."""
+        stuck = settle_runs(self.every_run(), self.clock, self.grace_s)
+        self.unsettled.update(run.spec.rank for run in stuck)
 
     def report(self, rank: int) -> RankReport:
         run = self.runs[rank]

@@ -31,6 +31,7 @@ launcher and handed over on a Unix socket (SCM_RIGHTS).
 """
 
 import _thread
+import errno
 import os
 import signal
 import sys
@@ -225,10 +226,63 @@ def watch_control(pgid: int, grace_s: float) -> None:
     os.killpg(pgid, signal.SIGKILL)
 
 
+# The launcher's variables that name a folder, or a file whose folder must be there.
+FOLDER_VARIABLES = ("DTRAIN_CHECKPOINT_DIR",)
+FILE_VARIABLES = ("DTRAIN_METRICS_FILE", "TORCHELASTIC_ERROR_FILE")
+
+
+def make_named_folders() -> None:
+    """Make the folders the launcher's variables name, before the program can write there
+    (on every host: a remote one has no job directory of its own).  A folder the user named
+    (``--checkpoint-dir``) that cannot be made fails the rank's start, naming the variable,
+    rather than the program's first save; one dtrain chose (in the launcher's job directory,
+    a path that may mean nothing on this host) is said and the rank starts: a program that
+    never saves there must not fail for it."""
+    for name in FOLDER_VARIABLES + FILE_VARIABLES:
+        path = os.environ.get(name)
+        folder = (path if name in FOLDER_VARIABLES else os.path.dirname(path)) if path else ""
+        if not folder or os.path.isdir(folder):
+            continue
+        try:
+            make_private_folders(os.path.normpath(folder))
+        except OSError as exc:
+            in_the_way = os.path.exists(folder) and not os.path.isdir(folder)
+            why = "a file is in the way" if in_the_way else exc.strerror or str(exc)
+            if not named_by_the_user(name, folder):
+                os.write(2, f"dtrain: warning: cannot create {name} {folder}: {why}\n".encode())
+                continue
+            os.write(2, f"dtrain: cannot create {name} {folder}: {why}\n".encode())
+            not_started(126)
+
+
+def named_by_the_user(name: str, folder: str) -> bool:
+    """``--checkpoint-dir``'s folder; not the default, the job directory's ``<job id>/
+    checkpoints``, nor the folders of files dtrain names."""
+    default = os.path.join(os.environ.get("DTRAIN_JOB_ID") or "\0", "checkpoints")
+    return name == "DTRAIN_CHECKPOINT_DIR" and not os.path.normpath(folder).endswith(default)
+
+
+def make_private_folders(path: str) -> None:
+    """``path`` and every missing folder above it, each 0700 (as the job directory: what
+    the program keeps there is the user's).  Ranks of a host start at once: a folder that
+    another made meanwhile is no error."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        make_private_folders(parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):  # a file: the folders below it cannot be
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
+
+
 def start_program(argv: list[str]) -> int:
     """Start the program in our group (``posix_spawnp``: a vfork, not a copy of this
     interpreter); its pid.  When it cannot start, this says why on the rank's stderr and
     ends the watchdog as a shell would: 127 not found, 126 not runnable."""
+    make_named_folders()
     cpus = os.environ.get("DTRAIN_CPUS")  # --bind-to: we are the rank's; the program inherits it
     if cpus:
         try:

@@ -46,6 +46,7 @@ from launcher.run.planning import (
     plan_surveyed,
 )
 from launcher.run.preflight import check_local_program, not_checked_note
+from launcher.run.stragglers import ProgressWatch
 from launcher.run.survey import Survey
 from launcher.streams.jobdir import STOP_MARK, JobDir, open_private, write_json
 from launcher.streams.joblist import jobs_root
@@ -272,9 +273,10 @@ class Attempt:
         view, showing = self.frontend.open_view(
             self.job_id, shown, remote=remote, attempt=self.number
         )
-        journal: OutputSink = recorder
+        progress = ProgressWatch(job, config, self.clock, self.frontend.notice)
+        journal = progress.tap(recorder)  # every rank's steps, seen where its lines are kept
         if launcher is not None:  # its lines, split back per rank for each sink
-            journal, view = launcher.split_outputs(recorder, view)
+            journal, view = launcher.split_outputs(journal, view)
         view_outlet = Outlet(
             view,
             name="terminal view",
@@ -286,7 +288,8 @@ class Attempt:
         supervisor = self.make_supervisor(job, plan, started, transport, output, launcher)
         showing.__enter__()
         result: JobResult | None = None
-        control = open_control(job, supervisor)
+        control = open_control(job, supervisor, progress.board)
+        progress.start()
         watching = watch_discovery(
             supervisor, plan, config.placement, self.excluded, self.clock, self.frontend.notice
         )
@@ -301,6 +304,7 @@ class Attempt:
             raise
         finally:
             watching.set()
+            progress.stop()
             if control is not None:
                 control.close()
             self.end_attempt(job, recorder, result, output, showing, supervisor)

@@ -18,6 +18,7 @@ from launcher.core.config import rank_set
 from launcher.loop.supervisor import Supervisor
 from launcher.streams.control import SOCKET_NAME, ControlServer
 from launcher.streams.jobdir import JobDir, open_private
+from launcher.streams.progressboard import ProgressBoard
 
 if TYPE_CHECKING:  # loaded when needed: a plain job never takes a stack
     from launcher.core.stacks import StackGroup
@@ -69,9 +70,11 @@ def stuck_where(groups: Sequence[StackGroup]) -> str:
     return ", ".join(parts)
 
 
-def open_control(job: JobDir, supervisor: Supervisor) -> ControlServer | None:
+def open_control(
+    job: JobDir, supervisor: Supervisor, progress: ProgressBoard | None = None
+) -> ControlServer | None:
     """Let ``dtrain stacks`` and ``dtrain top`` ask this job (a job directory where no socket
-    fits goes without)."""
+    fits goes without); ``progress``: each rank's step and rate, for ``dtrain top``."""
 
     def answer(request: Mapping[str, Any]) -> Mapping[str, Any]:
         if request.get("op") == "stacks":
@@ -79,6 +82,8 @@ def open_control(job: JobDir, supervisor: Supervisor) -> ControlServer | None:
             return {"stacks": {str(rank): [host, dump] for rank, (host, dump) in dumps.items()}}
         if request.get("op") == "stats":
             rows = supervisor.stats(STATS_TIMEOUT_S)
+            if progress is not None:
+                add_progress(rows, progress)
             return {"ranks": {str(rank): row for rank, row in rows.items()}}
         return {"error": f"unknown request {request.get('op')!r}"}
 
@@ -87,3 +92,12 @@ def open_control(job: JobDir, supervisor: Supervisor) -> ControlServer | None:
     except OSError as exc:  # e.g. a path longer than a Unix socket's 107 bytes
         LOG.debug("no control socket in %s: %s", job.path, exc)
         return None
+
+
+def add_progress(rows: Mapping[int, dict[str, Any]], progress: ProgressBoard) -> None:
+    """Each rank's step (as it printed it) and steps per second, where it printed steps."""
+    for rank, figures in progress.figures().items():
+        if rank in rows:
+            step = int(figures.step) if figures.step.is_integer() else figures.step
+            rate = None if figures.rate is None else round(figures.rate, 3)
+            rows[rank].update(step=step, steps_per_s=rate)

@@ -21,6 +21,7 @@ from launcher.base.clock import Clock, SystemClock
 from launcher.base.jobid import new_job_id
 from launcher.core.config import JobConfig, validate_config
 from launcher.core.env import resolve_env_args
+from launcher.loop.interpreter import INTERPRETER
 from launcher.run.attempt import Attempt, Frontend, JobOutcome, OpenTransport, SurveyHosts
 from launcher.run.restarts import run_attempts
 from launcher.run.survey import (
@@ -87,7 +88,12 @@ def run_job(
         checkpoint_dir=config.checkpoint_dir
         or str(jobs_root(config.job_dir, environ) / job_id / "checkpoints"),
     )
-    return run_attempts(attempt)
+    # What the started ranks hold stays out of the collector's reach (``loop/interpreter.py``)
+    # until the job's end is recorded and run_job returns: a full collection of it comes
+    # only after many more allocations, not before the summary is printed (and never in the
+    # command line, which exits).
+    with INTERPRETER.running_job():
+        return run_attempts(attempt)
 
 
 def with_hostfile_shorthand(config: JobConfig, frontend: Frontend) -> JobConfig:

@@ -35,7 +35,8 @@ from launcher.core.plan import (
 )
 from launcher.core.specs import ServerProgram, Site
 from launcher.run.survey import Survey, allocation_hosts, discover_hosts, read_hosts
-from launcher.transport.local import detect_local_gpus, is_local_address
+from launcher.transport.local import detect_local_gpus
+from launcher.transport.locality import local_names
 
 MPI4PY_WARNING = (
     "dtrain: warning: this looks like an mpi4py program; without --mpi every rank is an MPI "
@@ -79,7 +80,7 @@ def plan_job(
         left_out = ", ".join(sorted(h.name for h in hosts if h not in healthy))
         raise PlanError(f"{exc.message} (after leaving out {left_out}: failed)", exc.hint) from None
     by_node = isinstance(per_node, str)
-    here = {h.name: is_local_address(h.name) for h in hosts if by_node or h.slots_on_host}
+    here = local_names(h.name for h in hosts if by_node or h.slots_on_host)  # (in parallel)
     gpus, cpus = host_facts(here, local_gpus, site)
     hosts = count_host_slots(hosts, gpus, cpus, by_gpus=placement.gpu_binding)
     waiting = any(h.slots_on_host for h in hosts)  # slots the survey counts
@@ -119,7 +120,7 @@ def host_facts(
 def count_local_slots(hosts: Sequence[Host], environ: Mapping[str, str]) -> list[Host]:
     """The slots of the hosts that count them there and are this machine, counted now (for
     ``dtrain hosts``: the others are counted when a job starts there)."""
-    here = {h.name: is_local_address(h.name) for h in hosts if h.slots_on_host}
+    here = local_names(h.name for h in hosts if h.slots_on_host)
     gpus, cpus = host_facts(here, detect_local_gpus(environ) if any(here.values()) else (), None)
     return count_host_slots(hosts, gpus, cpus)
 
@@ -220,7 +221,7 @@ def counted_hosts(
     """``hosts`` with the slots of those that count them there counted, where known yet."""
     if not any(h.slots_on_host for h in hosts):
         return list(hosts)
-    here = {h.name: is_local_address(h.name) for h in hosts if h.slots_on_host}
+    here = local_names(h.name for h in hosts if h.slots_on_host)
     binding = config.placement.gpu_binding
     gpus, cpus = host_facts(here, detect_local_gpus(environ) if binding else (), site)
     return count_host_slots(hosts, gpus, cpus, by_gpus=binding)

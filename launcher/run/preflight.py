@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from launcher.base.errors import UsageError
-from launcher.core.command import is_python_script
+from launcher.core.command import is_python_script, shebang_words
 from launcher.core.config import JobConfig
 from launcher.core.plan import Plan
 from launcher.core.specs import Site
@@ -143,10 +143,7 @@ def refuse_unrunnable(program: str, head: bytes | None) -> None:
     when it is no such file, or an executable one) cannot run: say how it can."""
     if head is None:
         return
-    first = head.split(b"\n", 1)[0]
-    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
-    if words and Path(words[0]).name == "env":
-        words = words[1:]
+    words = shebang_words(head)
     interpreter = Path(words[0]).name if words else "bash"
     runnable = program if "/" in program else f"./{program}"
     chmod = f"chmod +x {program}" + ("" if "/" in program else f" and run {runnable}")

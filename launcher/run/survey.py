@@ -27,11 +27,8 @@ from launcher.remote.probe import cpus as probe_cpus
 from launcher.remote.probe import port_refusal
 from launcher.run.preflight import check_master_port, explicit_script, is_file, python_script
 from launcher.run.syncing import prepare_sync, sync_hosts
-from launcher.transport.local import (
-    detect_local_gpus,
-    find_free_ports,
-    is_local_address,
-)
+from launcher.transport.local import detect_local_gpus, find_free_ports
+from launcher.transport.locality import LOCALITY, HostNames, Locality, is_local_address
 
 if TYPE_CHECKING:
     from launcher.transport.remotecalls import HostReport
@@ -216,23 +213,62 @@ def ssh_settings(ssh: SshConfig) -> Any:
     )
 
 
-def survey_hosts(plan: Plan, config: JobConfig, environ: Mapping[str, str], workdir: str) -> Survey:
-    """Decide local or remote by address; connect to and probe remote hosts (not in dry runs);
-    the program and working directory are checked on every remote host."""
+class SshAccess:
+    """dtrain's ssh settings and the user's SSH config, read the first time they are needed:
+    a job on this machine alone never loads paramiko."""
+
+    def __init__(self, ssh: SshConfig) -> None:
+        self.ssh = ssh
+        self.loaded: tuple[Any, Any] | None = None  # (SshSettings, paramiko's SSHConfig)
+
+    def load(self) -> tuple[Any, Any]:
+        if self.loaded is None:
+            from launcher.transport.sshconfig import load_ssh_config
+
+            settings = ssh_settings(self.ssh)
+            self.loaded = settings, load_ssh_config(settings)
+        return self.loaded
+
+    def host_names(self, hosts: Mapping[str, Host]) -> HostNames:
+        """The HostName the SSH config gives each of the names asked about (an ssh alias of
+        this machine is local too); none without an SSH config."""
+
+        def given(names: Collection[str]) -> dict[str, str]:
+            if self.ssh.config_file is None and not is_file(Path("~/.ssh/config").expanduser()):
+                return {}  # (no config to read: paramiko stays unloaded)
+            from launcher.transport.sshconfig import resolve_target
+
+            settings, ssh_config = self.load()
+            return {n: resolve_target(hosts[n], settings, ssh_config).hostname for n in names}
+
+        return given
+
+
+def survey_hosts(
+    plan: Plan,
+    config: JobConfig,
+    environ: Mapping[str, str],
+    workdir: str,
+    locality: Locality = LOCALITY,
+) -> Survey:
+    """Decide local or remote by address (``transport/locality.py``: the SSH config's HostName
+    where it gives one, else the names resolved in parallel); connect to and probe remote
+    hosts (not in dry runs); the program and working directory are checked on every remote
+    host."""
     through_slurm = slurm_allocation(config, environ) is not None
+    access = SshAccess(config.ssh)
+    by_name = {h.name: h for h in plan.hosts}
     # Through Slurm, every node is started by srun, this machine's too (Slurm sees every step).
-    local = {h.name: not through_slurm and is_local_address(h.name) for h in plan.hosts}
+    local = (
+        dict.fromkeys(by_name, False)
+        if through_slurm
+        else locality.decide(by_name, access.host_names(by_name))
+    )
     remote_hosts = [h for h in plan.hosts if not local[h.name]]
     settings: Any = None
     ssh_config: Any = None
     if remote_hosts and not through_slurm:
-        from launcher.transport.sshconfig import load_ssh_config, resolve_target
-
-        settings = ssh_settings(config.ssh)
-        ssh_config = load_ssh_config(settings)
-        for host in remote_hosts:  # an ssh alias of this machine is local too
-            local[host.name] = is_local_address(resolve_target(host, settings, ssh_config).hostname)
-        remote_hosts = [h for h in remote_hosts if not local[h.name]]
+        settings, ssh_config = access.load()
     master_port, rank0 = config.placement.master_port, plan.ranks[0].host.name
     if master_port and local[rank0]:  # (a remote rank 0's host: its probe tries the port)
         check_master_port(master_port, rank0, port_refusal(master_port))
@@ -436,12 +472,15 @@ def check_hosts(
     hosts: Sequence[Host], ssh: SshConfig, environ: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """``dtrain check``: one report row per host; a host that fails gets ``ok: False``."""
+    from launcher.core.gpucheck import with_findings
     from launcher.remote import probe
+
+    args = {"ports": 1, "versions": True, "gpu_details": True, "path_prefix": environ.get("PATH")}
 
     def check_one(host: Host) -> dict[str, Any]:
         try:
             if is_local_address(host.name):
-                report = probe.probe({"ports": 1, "versions": True})
+                report = probe.probe(args)
                 return summarize_host(host.name, report, None, 0.0)
             from launcher.transport.remotecalls import probe_host
             from launcher.transport.ssh import connect
@@ -452,9 +491,7 @@ def check_hosts(
             try:
                 rtt_s = connection.round_trip_s()
                 offset_s = connection.clock_offset_s(settings.timeout_s)
-                found = probe_host(
-                    connection, sys.executable, {"ports": 1, "versions": True}, settings.timeout_s
-                )
+                found = probe_host(connection, sys.executable, args, settings.timeout_s)
                 return summarize_host(host.name, asdict(found), rtt_s, offset_s)
             finally:
                 connection.close()
@@ -465,12 +502,14 @@ def check_hosts(
     for row in rows.values():
         if isinstance(row, BaseException):
             raise row
-    return [row for row in rows.values() if not isinstance(row, BaseException)]
+    return with_findings([row for row in rows.values() if not isinstance(row, BaseException)])
 
 
 def summarize_host(
     name: str, report: Mapping[str, Any], rtt_s: float | None, offset_s: float
 ) -> dict[str, Any]:
+    from launcher.core.gpucheck import gpu_fields
+
     gpus = report["gpus"]
     busy = [
         g
@@ -491,4 +530,5 @@ def summarize_host(
         "gpus_busy": len(busy),
         "free_port": report["ports"][0],
         "clock_offset_ms": round(offset_s * 1000, 1),
+        **gpu_fields(report.get("gpu_details")),
     }

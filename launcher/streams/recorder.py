@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, BinaryIO
 
 from launcher.core.command import LaunchSpec
@@ -197,7 +197,9 @@ class JobRecorder:
 
 def result_record(result: JobResult) -> dict[str, Any]:
     """A job's result as JSON values (status.json keeps it for ``dtrain logs``)."""
-    record = asdict(result)
+    # (statuses left out before asdict's deep copy: at 8,000 ranks, a tenth of a second at
+    # the job's end)
+    record = asdict(replace(result, statuses={}))
     record.pop("statuses", None)
     record["failed_hosts"] = sorted(result.failed_hosts)
     record["lost_hosts"] = sorted(result.lost_hosts)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import marshal
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -18,6 +17,7 @@ from launcher.transport import localagent
 from launcher.transport.base import RankFeed
 from launcher.transport.feeds import PipeReader
 from launcher.transport.localagent import LocalAgent, Ticket
+from launcher.transport.locality import is_local_address as is_local_address  # (its old home)
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 KILL_FALLBACK_S = 1.0  # SIGKILL the group ourselves if the watchdog has not done it
@@ -273,27 +273,6 @@ def find_free_ports(count: int) -> list[int]:
     from launcher.remote.probe import free_ports
 
     return free_ports(count)
-
-
-def is_local_address(name: str) -> bool:
-    """True when ``name`` resolves to an address of this machine (this network namespace).
-
-    Decided by address, not by name: an address is ours when we can bind to it.
-    """
-    try:
-        # An ASCII name as bytes: a str would be encoded by the idna codec (loading it).
-        host = name.encode() if name.isascii() else name
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError):
-        return False
-    for family, _, _, _, sockaddr in infos:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((sockaddr[0], 0))
-            except OSError:
-                continue
-            return True
-    return False
 
 
 def find_program(name: str, path: str | None) -> str | None:

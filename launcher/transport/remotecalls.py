@@ -39,6 +39,7 @@ class HostReport:
     route: Mapping[str, str] | None = None  # {"address", "interface"} towards route_to
     script: str | None = None  # python SCRIPT's script, where asked and found
     master_port_refusal: str | None = None  # why the --master-port asked about is unusable
+    gpu_details: Mapping[str, Any] | None = None  # dtrain check's: driver, CUDA, ECC, processes
 
 
 def probe_host(
@@ -80,6 +81,7 @@ def report_from(data: Mapping[str, Any]) -> HostReport:
         route=data.get("route"),
         script=data.get("script"),
         master_port_refusal=data.get("master_port_refusal"),
+        gpu_details=data.get("gpu_details"),
     )
 
 

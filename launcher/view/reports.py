@@ -65,7 +65,8 @@ def format_failure(result: JobResult) -> list[str]:
         if failure.rank < 0:  # mpirun's own status, without its report of a rank
             who, what = "mpirun", f"{what} and did not name the rank that failed"
         if failure.last_lines:
-            lines.append(f"dtrain: last {failure.stream} lines of rank {failure.rank}:")
+            whose = "mpirun" if failure.rank < 0 else f"rank {failure.rank}"
+            lines.append(f"dtrain: last {failure.stream} lines of {whose}:")
             lines.extend(f"{INDENT}{line}" for line in excerpt(failure.last_lines))
         elif failure.rank >= 0:
             lines.append(f"dtrain: rank {failure.rank} wrote nothing (no output)")
@@ -210,13 +211,16 @@ def format_dry_run(
     return format_plan_json(entries) if as_json else "\n".join(format_plan(entries))
 
 
-WIDE_CHECK = 130  # narrower terminals get the check report host by host
+WIDE_CHECK = 150  # narrower terminals get the check report host by host
+FRAMEWORKS = ("dtrain", "torch", "tensorflow", "mpi4py")
 
 
 def print_check_report(rows: Sequence[Mapping[str, Any]], out: TextIO) -> None:
     """``dtrain check`` as a rich table, one row per host (a block per host on a terminal
-    narrower than the table); failures in red with their cause."""
+    narrower than the table); failures in red with their cause; then one line per problem
+    (red) or warning (yellow) that ``core/gpucheck.py`` found across the hosts."""
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(file=out)
     if console.width < WIDE_CHECK:
@@ -224,59 +228,84 @@ def print_check_report(rows: Sequence[Mapping[str, Any]], out: TextIO) -> None:
             console.print(*check_block(row), sep="\n", highlight=False)
     else:
         console.print(check_table(rows))
+    for color, key in (("red", "problems"), ("yellow", "warnings")):
+        said = list(dict.fromkeys(m for row in rows for m in row.get(key) or ()))  # (in order)
+        for message in said:
+            console.print(f"[{color}]dtrain: {escape(message)}[/{color}]", highlight=False)
     failed = sum(1 for row in rows if not row["ok"])
     console.print(f"{len(rows) - failed} of {len(rows)} hosts ok", highlight=False)
 
 
 def check_block(row: Mapping[str, Any]) -> list[str]:
     """One host of ``dtrain check``, in lines that fit 80 columns."""
-    if not row["ok"]:
-        return [f"[bold]{row['host']}[/bold]  [red]FAILED[/red]  {row['error']}"]
-    versions = row["versions"]
+    from rich.markup import escape
+
+    if row.get("error"):
+        return [f"[bold]{row['host']}[/bold]  [red]FAILED[/red]  {escape(row['error'])}"]
     rtt = "-" if row["rtt_ms"] is None else f"{row['rtt_ms']:.2f}"
-    frameworks = "  ".join(
-        f"{name} {versions.get(name) or '-'}"
-        for name in ("dtrain", "torch", "tensorflow", "mpi4py")
-    )
+    frameworks = "  ".join(f"{name} {framework_version(row, name)}" for name in FRAMEWORKS)
+    gpus = [f"gpus {row['gpus']} ({row['gpus_busy']} busy)"]
+    if row.get("driver"):
+        gpus.append(f"driver {row['driver']} (CUDA {row.get('driver_cuda') or '-'})")
+    if row.get("ecc_uncorrected"):
+        gpus.append(f"ECC errors {sum(row['ecc_uncorrected'].values())}")
+    in_use = [f"  in use by {in_use_by(row)}"] if row.get("gpus_in_use") else []
     return [
-        f"[bold]{row['host']}[/bold]  [green]ok[/green]  rtt {rtt} ms  "
+        f"[bold]{row['host']}[/bold]  {check_state(row)}  rtt {rtt} ms  "
         f"clock {row['clock_offset_ms']:+.1f} ms  free port {row['free_port']}",
-        f"  python {row['python_version']} {row['python']}",
+        f"  python {row['python_version']} {escape(row['python'])}",
         f"  {frameworks}",
-        f"  gpus {row['gpus']} ({row['gpus_busy']} busy)",
+        "  " + "  ".join(gpus),
+        *in_use,
     ]
 
 
+def check_state(row: Mapping[str, Any]) -> str:
+    return "[green]ok[/green]" if row["ok"] else "[red]FAILED[/red]"
+
+
+def framework_version(row: Mapping[str, Any], name: str) -> str:
+    """``2.11.0 (CUDA 13.0)`` for torch built for CUDA, else the installed version or ``-``."""
+    version = row["versions"].get(name) or "-"
+    if name == "torch" and row.get("torch_cuda") and version != "-":
+        return f"{version} (CUDA {row['torch_cuda']})"
+    return str(version)
+
+
+def in_use_by(row: Mapping[str, Any]) -> str:
+    """The pids of other processes on a host's GPUs: ``pid 4242 (GPU 0), pid 7 (GPU 1)``."""
+    return ", ".join(f"pid {p['pid'] or '?'} (GPU {p['gpu']})" for p in row["gpus_in_use"])
+
+
 def check_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(show_lines=False)
-    for column in (
-        "host",
-        "state",
-        "rtt ms",
-        "python",
-        "dtrain",
-        "torch",
-        "tensorflow",
-        "mpi4py",
-        "gpus (busy)",
-        "free port",
-        "clock ms",
-    ):
+    columns = ("host", "state", "rtt ms", "python", *FRAMEWORKS, "gpus (busy)", "driver (CUDA)")
+    for column in (*columns, "ECC", "free port", "clock ms"):
         table.add_column(column)
     for row in rows:
-        if not row["ok"]:
-            table.add_row(row["host"], "[red]FAILED[/red]", row["error"], *[""] * 8)
+        if row.get("error"):
+            table.add_row(
+                row["host"],
+                "[red]FAILED[/red]",
+                escape(row["error"]),
+                *[""] * (len(table.columns) - 3),
+            )
             continue
-        versions = row["versions"]
+        ecc = row.get("ecc_uncorrected")
+        in_use = f" in use by {in_use_by(row)}" if row.get("gpus_in_use") else ""
+        driver = row.get("driver")
         table.add_row(
             row["host"],
-            "[green]ok[/green]",
+            check_state(row),
             "-" if row["rtt_ms"] is None else f"{row['rtt_ms']:.2f}",
-            f"{row['python_version']} {row['python']}",
-            *(versions.get(name) or "-" for name in ("dtrain", "torch", "tensorflow", "mpi4py")),
-            f"{row['gpus']} ({row['gpus_busy']})",
+            escape(f"{row['python_version']} {row['python']}"),
+            *(framework_version(row, name) for name in FRAMEWORKS),
+            f"{row['gpus']} ({row['gpus_busy']}){in_use}",
+            f"{driver} ({row.get('driver_cuda') or '-'})" if driver else "-",
+            str(sum(ecc.values())) if ecc else "-",
             str(row["free_port"]),
             f"{row['clock_offset_ms']:+.1f}",
         )

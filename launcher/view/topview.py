@@ -2,7 +2,9 @@
 
 Each refresh asks the job's launcher for every rank's figures (it gathers them
 where the ranks run); CPU % is the CPU time a rank's processes used between two
-refreshes, over the time between them on that host's clock.
+refreshes, over the time between them on that host's clock.  A rank's steps per second
+come from its progress lines (the launcher measures them, ``core/progress.py``); with
+three ranks or more that have one, each is also shown as a share of their median.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from launcher.base.errors import UsageError
+from launcher.core.progress import MIN_RANKS, median_of
 
 Sample = Mapping[int, Mapping[str, Any]]  # rank -> its figures, as the launcher gathered them
 REFRESH_S = 1.0
@@ -40,10 +43,23 @@ def rows_between(
                 "gpu_mib": now.get("gpu_mib"),
                 "gpu_percent": now.get("gpu_percent"),
                 "silent_s": now.get("silent_s"),
+                "step": now.get("step"),
+                "steps_per_s": now.get("steps_per_s"),
                 "last_line": now.get("last_line", ""),
                 **({"error": now["error"]} if "error" in now else {}),
             }
         )
+    return with_rate_ratios(rows)
+
+
+def with_rate_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row's ``rate_ratio``: its steps per second over the median of the ranks that
+    have a rate, when there are three or more of them (None otherwise)."""
+    rates = [row["steps_per_s"] for row in rows if row["steps_per_s"] is not None]
+    median = median_of(rates) if len(rates) >= MIN_RANKS else 0.0
+    for row in rows:
+        rate = row["steps_per_s"]
+        row["rate_ratio"] = round(rate / median, 2) if rate is not None and median > 0 else None
     return rows
 
 
@@ -64,11 +80,13 @@ def top_table(job_id: str, rows: list[dict[str, Any]]) -> Any:
         collapse_padding=True,
     )
     gpus = any(row["gpu_mib"] is not None for row in rows)
+    rates = any(row.get("steps_per_s") is not None for row in rows)
     for name, justify in (
         ("rank", "right"), ("host", "left"), ("pid", "right"), ("state", "left"),
         ("cpu %", "right"), ("rss", "right"),
         *([("gpu", "right")] if gpus else []),
-        ("quiet s", "right"),
+        *([("steps/s", "right")] if rates else []),
+        ("quiet", "right"),
     ):  # fmt: skip
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     table.add_column("last line", overflow="ellipsis", no_wrap=True, ratio=1)
@@ -81,6 +99,7 @@ def top_table(job_id: str, rows: list[dict[str, Any]]) -> Any:
             shown(row["cpu_percent"]),
             mib_shown(row["rss_mib"]),
             *([gpu_shown(row["gpu_mib"], row.get("gpu_percent"))] if gpus else []),
+            *([rate_shown(row.get("steps_per_s"), row.get("rate_ratio"))] if rates else []),
             shown(row["silent_s"]),
             row.get("error") or row["last_line"],
         )
@@ -132,6 +151,14 @@ def gpu_shown(mib: float | None, percent: float | None) -> str:
         return "-"
     memory = mib_shown(mib)
     return memory if percent is None else f"{memory} {percent:.0f}%"
+
+
+def rate_shown(rate: float | None, ratio: float | None) -> str:
+    """A rank's steps per second, and its share of the median: ``20.0 1.00x``, ``8.02 0.40x``."""
+    if rate is None:
+        return ""
+    shown = f"{rate:.2f}" if rate < 10 else f"{rate:.1f}" if rate < 100 else f"{rate:.0f}"
+    return shown if ratio is None else f"{shown} {ratio:.2f}x"
 
 
 def mib_shown(mib: float | None) -> str:
