@@ -214,7 +214,6 @@ def slurm_cluster(slurm_cluster_session: SlurmCluster) -> Iterator[SlurmCluster]
 # Fixtures that need machinery beyond this machine's processes, and the marker a test that
 # uses one gets: the fast lane (./scripts/test --fast) deselects these markers.
 HOST_FIXTURES = {"ssh_hosts", "ssh_hosts_session"}
-OWN_HOSTS = {"test_testhosts.py"}  # start test hosts of their own
 CLUSTER_FIXTURES = {"slurm_cluster", "slurm_cluster_session"}
 SLURM_FIXTURES = {*CLUSTER_FIXTURES, "slurm"}  # "slurm": tests/test_slurm.py's one-node Slurm
 NEEDS = {  # marker: what its tests need, said when -m leaves them out
@@ -236,10 +235,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.sshhosts)
         if uses[id(item)] & SLURM_FIXTURES:
             item.add_marker(pytest.mark.slurm)
-        if uses[id(item)] & (HOST_FIXTURES | SLURM_FIXTURES) or item.path.name in OWN_HOSTS:
-            # one set of test hosts a machine (a lock): under pytest-xdist (scripts/test
-            # runs -n 2 --dist loadgroup) every test that needs them runs in one worker
-            item.add_marker(pytest.mark.xdist_group("testhosts"))
     items.sort(key=lambda item: bool(uses[id(item)] & CLUSTER_FIXTURES))  # stable sort
 
 
