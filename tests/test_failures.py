@@ -8,6 +8,7 @@ rank, watchdog, agent or Open MPI daemon) is left anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -96,8 +97,18 @@ def send(*signums: int) -> Callable[[subprocess.Popen[str], TestHosts, str], Non
 
 def kill_host(proc: subprocess.Popen[str], hosts: TestHosts, mark: str) -> None:
     """node2 dies: its sshd and every process on it (again, until none is left: a process
-    forked while the first round ran must die too, as it would with its machine)."""
+    forked while the first round ran must die too, as it would with its machine).  A machine
+    dies at once: every process is stopped before any is killed, so none (a watchdog, the
+    agent) lives on for a moment to report another's death, which a dead machine never
+    does (killed one by one, a rank's SIGKILL was now and then reported before the loss)."""
     deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        running = [pid for pid in processes_in("node2") if not stopped(pid)]
+        if not running:
+            break
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
     while processes_in("node2") and time.monotonic() < deadline:
         for pid in processes_in("node2"):
             try:
@@ -105,6 +116,14 @@ def kill_host(proc: subprocess.Popen[str], hosts: TestHosts, mark: str) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
+
+
+def stopped(pid: int) -> bool:
+    """Is ``pid`` stopped (or gone)?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"T"
+    except (OSError, IndexError):
+        return True
 
 
 def unplug(seconds: float) -> Callable[[subprocess.Popen[str], TestHosts, str], None]:
