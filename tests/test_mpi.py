@@ -210,6 +210,82 @@ def test_a_killed_launchers_hostfile_folder_is_removed_by_the_next() -> None:
         shutil.rmtree(live, ignore_errors=True)
 
 
+def test_mpiruns_session_folder_is_the_jobs_own_and_removed_at_its_end(mark: str) -> None:
+    """Open MPI's session folder (``ompi.<mpirun's pid>``) is in the launcher's private
+    folder, not in /tmp, where one a killed mpirun left fails a later mpirun given the same
+    pid ("The PMIx server's listener thread failed to start"), and it goes with the job."""
+    script = 'echo "session $PMIX_SERVER_TMPDIR"'
+    result = run_dtrain(
+        "run", "--mpi", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script
+    )
+    assert result.returncode == 0, result.stderr
+    folders = {line.split()[-1] for r in (0, 1) for line in tagged(result.stdout, r)}
+    assert len(folders) == 1, result.stdout
+    folder = Path(folders.pop())
+    assert folder.name.startswith("ompi."), folder
+    assert folder.parent.name.startswith("dtrain-mpi-"), folder  # the launcher's own
+    assert not folder.parent.exists()
+
+
+def test_session_folders_are_left_to_a_user_who_chose_them(tmp_path: Path, mark: str) -> None:
+    script = 'echo "session $PMIX_SERVER_TMPDIR"'
+    env = {**child_env(), "PRTE_MCA_prte_tmpdir_base": str(tmp_path)}
+    result = run_dtrain(
+        "run", "--mpi", "-np", "1", "-x", f"DTRAIN_TEST_MARK={mark}", "sh", "-c", script, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert Path(tagged(result.stdout, 0)[0].split()[-1]).parent == tmp_path
+
+
+@pytest.mark.sshhosts
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_mpi_daemons_session_folders_are_the_jobs_and_removed_on_each_host(
+    ssh_hosts: TestHosts, mark: str
+) -> None:
+    """On the other hosts, mpirun's daemons keep their session folders in one of the job's,
+    made 0700 by dtrain's agent there and removed when the job ends, even when the launcher
+    was killed (the agent sees its lifeline close)."""
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import start_dtrain
+
+    script = 'echo "session $PMIX_SERVER_TMPDIR"; stat -c %a "${PMIX_SERVER_TMPDIR%/*}"'
+    common = ["run", "--mpi", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2"]
+    marked = ["-x", f"DTRAIN_TEST_MARK={mark}"]
+    result = run_dtrain(*common, *marked, "sh", "-c", script)
+    assert result.returncode == 0, result.stderr
+    for r in (0, 1):
+        prefix = f"[{r}@node{r + 1}] "
+        lines = [x[len(prefix) :] for x in result.stdout.splitlines() if x.startswith(prefix)]
+        assert len(lines) == 2, result.stdout
+        folder = Path(lines[0].split()[-1]).parent
+        assert folder.name.startswith("dtrain-prte-") and lines[1] == "700", lines
+        ssh = subprocess.run([*ssh_hosts.ssh_command, "node2", f"test -e {folder}"], timeout=30)
+        assert ssh.returncode == 1, f"{folder} is left"
+    # the launcher SIGKILLed: each host's agent removes it when its lifeline closes
+    running = start_dtrain(*common, *marked, "sh", "-c", f"{script}; exec sleep 300")
+    try:
+        assert running.stdout is not None
+        first = running.stdout.readline()
+        folder = Path(first.split()[-1]).parent
+        assert folder.name.startswith("dtrain-prte-"), first
+        running.send_signal(signal.SIGKILL)
+        running.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while subprocess.run(
+            [*ssh_hosts.ssh_command, "node2", f"test -e {folder}"], timeout=30
+        ).returncode == 0:
+            assert time.monotonic() < deadline, f"{folder} is left on node2"
+            time.sleep(0.5)
+    finally:
+        running.kill()
+        running.wait()
+        wait_until_gone(mark)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="zombies are read from /proc")
 def test_a_killed_launcher_left_a_zombie_has_its_folder_removed_too(tmp_path: Path) -> None:
     """The one pid check (base/pids): a launcher that was killed but not reaped has ended."""

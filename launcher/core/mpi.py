@@ -143,6 +143,7 @@ def build_mpirun_argv(
     bind_to: str = "none",
     extra: Sequence[str] = (),
     rank_by: str | None = None,
+    prte: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Open MPI's mpirun command line for a dtrain job.
 
@@ -168,6 +169,8 @@ def build_mpirun_argv(
         command += ["--prefix", prefix]
     for name, value in mca.items():
         command += ["--mca", name, value]
+    for name, value in (prte or {}).items():
+        command += ["--prtemca", name, value]
     for name in env_names:
         command += ["-x", name]
     return [*command, *extra, "sh", "-c", RANK_SHIM, "dtrain-rank", *argv]
@@ -255,6 +258,26 @@ def mca_parameters(config: JobConfig, site: Site, environ: Mapping[str, str]) ->
             ssh_args += ["-i", ssh.identity]
         mca["plm_ssh_args"] = shlex.join(ssh_args)
     return mca
+
+
+SESSION_PARAMETERS = ("prte_tmpdir_base", "prte_local_tmpdir_base", "prte_remote_tmpdir_base")
+
+
+def session_parameters(
+    local: str, remote: str | None, environ: Mapping[str, str], mpirun_args: str
+) -> dict[str, str]:
+    """Where mpirun and its daemons keep their session folders (``ompi.<pid>`` here,
+    ``prted.<pid>`` on each host): folders of this job's own, which dtrain removes at its end,
+    rather than ``/tmp``, where a mpirun or daemon that was killed leaves its folder for a
+    later one with the same pid to fail on ("The PMIx server's listener thread failed to
+    start").  Left to the user where they set any of these themselves."""
+    given = any(f"PRTE_MCA_{name}" in environ for name in SESSION_PARAMETERS)
+    if given or "tmpdir_base" in mpirun_args:
+        return {}
+    found = {"prte_local_tmpdir_base": local}
+    if remote is not None:
+        found["prte_remote_tmpdir_base"] = remote
+    return found
 
 
 def rank_specs(plan: Plan, template: LaunchSpec) -> dict[int, LaunchSpec]:

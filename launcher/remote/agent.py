@@ -1,29 +1,28 @@
 """The per-host agent: one SSH channel per host carries every rank of that host.
 
-Started through ``watchdog.BOOTSTRAP`` (its source arrives on stdin), the
-agent first runs the host probe (``probe.py``, also sent as text) and
-reports it, then starts one watchdog per rank it is asked for, as local
-children, and multiplexes their output and status back on its stdout.
-Its stdin is the lifeline: when it closes, the agent closes every
-watchdog's stdin, and each ends its rank as it would for a lost launcher.
+Started through ``watchdog.BOOTSTRAP`` (its source arrives on stdin), the agent runs the
+host probe (``probe.py``, sent as text) and reports it, then starts one watchdog per rank
+it is asked for, as local children, and multiplexes their output and status back on its
+stdout.  Its stdin is the lifeline: when it closes, the agent closes every watchdog's
+stdin, and each ends its rank as it would for a lost launcher.
 
-Frames, both ways: ``!IBI`` header (run, kind, length), then the payload; a
-run is one start of one rank (a restarted rank is a new run), numbered by
-the launcher.  Both ends send heartbeats: an agent that hears nothing for
-the launcher's host timeout takes the launcher for dead (a crashed machine or
-a cut network closes no channel) and drops the lifeline; a launcher that hears
-nothing from an agent for that long takes the host for lost (a frozen host
-still acknowledges TCP).  Output is flow-controlled per run: the agent sends at most
-``WINDOW_BYTES`` of a rank's output beyond what the launcher has taken (it
-returns CREDIT as it takes), and stops reading that rank's pipes until then,
-so a slow terminal slows that rank alone and never holds up other frames.
-Stdlib only and self-contained, like the watchdog.
+Frames, both ways: ``!IBI`` header (run, kind, length), then the payload; a run is one
+start of one rank (a restarted rank is a new run), numbered by the launcher.  Both ends
+send heartbeats: an agent that hears nothing for the launcher's host timeout takes the
+launcher for dead (a crashed machine or a cut network closes no channel) and drops the
+lifeline; a launcher that hears nothing from an agent for that long takes the host for
+lost (a frozen host still acknowledges TCP).  Output is flow-controlled per run: the agent
+sends at most ``WINDOW_BYTES`` of a rank's output beyond what the launcher has taken (it
+returns CREDIT as it takes) and stops reading that rank's pipes until then, so a slow
+terminal slows that rank alone and never holds up other frames.  Stdlib only and
+self-contained, like the watchdog.
 """
 
 import json
 import os
 import selectors
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -40,8 +39,9 @@ START, SIGNAL, HEARTBEAT, CREDIT, DUMP_STACKS, TAKE_STATS = 100, 101, 102, 103, 
 ANSWERS = {DUMP_STACKS: STACKS_DUMPED, TAKE_STATS: STATS_TAKEN}  # questions about a rank
 # A question's payload is its request id (the launcher's); the answer echoes it:
 # {"request": id, "answer": {...}}, so that each asker gets its own answer, and a late one none.
-# --mpi (mpirun, not this agent, starts the ranks): the job's id, to end what is left of it
-# here when the launcher is gone or done; then signals for its ranks (SIGTERM: mpirun lives
+# --mpi (mpirun, not this agent, starts the ranks): the job's id and its daemons' session
+# folder (a line each), to end what is left of it here and remove the folder when the
+# launcher is gone or done; then signals for its ranks (SIGTERM: mpirun lives
 # on to hand on what they print while they stop)
 MPI_JOB, SIGNAL_MPI_JOB = 106, 107
 NO_RUN = 0xFFFFFFFF
@@ -69,15 +69,16 @@ def program_pid(watchdog_pid: int) -> "int | None":
             return int(children[0])
     except OSError:
         pass
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, ValueError):
-            continue
-        if entry.isdigit() and int(fields[1]) == watchdog_pid:
-            return int(entry)
-    return None
+    return next((int(e) for e in os.listdir("/proc") if parent_of(e) == watchdog_pid), None)
+
+
+def parent_of(entry: str) -> "int | None":
+    """The parent of process ``entry`` (a /proc name); None where it is no process."""
+    try:
+        with open(f"/proc/{entry}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def find_py_spy(hint: "str | None") -> "str | None":
@@ -93,14 +94,9 @@ def descendants(pid: int) -> "list[int]":
     """Every process below ``pid`` (its children, theirs...), from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
+        parent = parent_of(entry) if entry.isdigit() else None
+        if parent is not None:
+            children.setdefault(parent, []).append(int(entry))
     found, todo = [], list(children.get(pid, ()))
     while todo:
         child = todo.pop()
@@ -134,14 +130,9 @@ def nvidia_smi(query: str) -> "list[list[str]]":
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return []
+    command = [smi, query, "--format=csv,noheader,nounits"]
     try:
-        out = subprocess.run(
-            [smi, query, "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        ).stdout
+        out = subprocess.run(command, capture_output=True, text=True, timeout=5).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [[part.strip() for part in line.split(",")] for line in out.splitlines()]
@@ -204,12 +195,26 @@ def job_processes(job_id: str) -> dict[int, tuple[int, list[bytes]]]:
                 continue
             if here is not None and os.readlink(f"/proc/{entry}/ns/net") != here:
                 continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
-        found[int(entry)] = (parent, variables)
+        parent = parent_of(entry)
+        if parent is not None:
+            found[int(entry)] = (parent, variables)
     return found
+
+
+def claim_folder(path: str) -> str | None:
+    """Make ``path`` 0700 (mpirun's daemon may have made it first): ours where this user
+    owns it, a folder; None where not (another user's, or it cannot be made)."""
+    try:
+        os.mkdir(path, 0o700)
+    except OSError:
+        pass
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return path if stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() else None
 
 
 def kill_job_processes(job_id: str, deadline_s: float = 5.0) -> dict[str, list[int]]:
@@ -380,6 +385,7 @@ class Agent:
         self.heard = time.monotonic()
         self.send_lock = threading.Lock()  # stack dumps answer from their own threads
         self.mpi_job: str | None = None  # --mpi: the job whose ranks mpirun starts here
+        self.mpi_sessions: str | None = None  # ...its daemon's session folder here, made 0700
         self.mpi_signalled: set[tuple[int, int]] = set()  # ...(pid, signal) sent already
 
     def send(self, rank: int, kind: int, payload: bytes) -> None:
@@ -475,7 +481,8 @@ class Agent:
 
             threading.Thread(target=answer, daemon=True).start()
         elif kind == MPI_JOB:
-            self.mpi_job = payload.decode()
+            self.mpi_job, _, folder = payload.decode().partition("\n")
+            self.mpi_sessions = claim_folder(folder) if folder else None
         elif kind == SIGNAL_MPI_JOB and self.mpi_job is not None:
             signal_mpi_ranks(self.mpi_job, int(payload), self.mpi_signalled)
         elif kind == SIGNAL and rank in self.children:
@@ -505,6 +512,8 @@ class Agent:
                     pass
         if self.mpi_job is not None:
             kill_job_processes(self.mpi_job)
+        if self.mpi_sessions is not None:
+            shutil.rmtree(self.mpi_sessions, ignore_errors=True)
 
     def pipe_ready(self, pipe: Any, rank: int, kinds: tuple[int, int | None]) -> None:
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import shlex
 import shutil
 import sys
@@ -41,6 +42,7 @@ from launcher.core.mpi import (
     rank_specs,
     rank_variables,
     real_slots,
+    session_parameters,
 )
 from launcher.core.outcome import JobResult, OutputSink, RankReport, build_rank_report
 from launcher.core.plan import Plan
@@ -60,6 +62,9 @@ FOLDER_PREFIX = "dtrain-mpi-"  # + the launcher's pid: a SIGKILLed launcher's fo
 # run prints its text as a heredoc that creates it first (a dry run writes no file, and a
 # temporary one would be gone when the line is pasted).
 DRY_RUN_HOSTFILE = "dtrain-hostfile"
+# + random hex: the session folders of mpirun's daemons on the other hosts (short: PMIx's
+# sockets inside must fit a Unix socket's 108 bytes)
+REMOTE_SESSIONS = "/tmp/dtrain-prte-"
 
 
 def find_mpirun(explicit: str | None, environ: Mapping[str, str]) -> str:
@@ -95,6 +100,7 @@ class MpiLaunch:
     argv: list[str]
     hostfile_text: str
     spec: LaunchSpec  # mpirun as a "rank" (labelled mpirun) with the variables it forwards
+    remote_sessions: str | None = None  # the daemons' session folder on the other hosts
 
 
 @contextmanager
@@ -121,6 +127,13 @@ def mpi_launch(
         if directory is not None:
             hostfile.write_text(text)
         env = {**mpi_environment(plan, specs, site, environ), **rank_variables(specs)}
+        # the other hosts' agents make it (0700) and remove it once mpirun is gone
+        remote = f"{REMOTE_SESSIONS}{secrets.token_hex(6)}" if site.remote_hosts else None
+        sessions = (
+            {}
+            if directory is None
+            else session_parameters(str(directory), remote, environ, config.mpi.mpirun_args or "")
+        )
         argv = build_mpirun_argv(
             mpirun,
             np=plan.world_size,
@@ -135,13 +148,13 @@ def mpi_launch(
             bind_to=config.placement.bind_to,
             extra=shlex.split(config.mpi.mpirun_args or ""),
             rank_by=mapping.rank_by,
+            prte=sessions,
         )
         spec = dataclasses.replace(specs[0], argv=tuple(argv), env=env, label="mpirun")
-        yield MpiLaunch(argv, text, spec)
+        yield MpiLaunch(argv, text, spec, sessions.get("prte_remote_tmpdir_base"))
     finally:
-        if directory is not None:
-            hostfile.unlink(missing_ok=True)
-            directory.rmdir()
+        if directory is not None:  # the hostfile, and the session folder of a mpirun killed
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def remove_stale_folders(temp: Path) -> None:
@@ -166,6 +179,7 @@ def run_mpi(
             attempt.job_id,
             surveyed.agents,
             config.grace_s,
+            launch.remote_sessions,
         )
         remote = bool(surveyed.site.remote_hosts)
         ranks = MpiRanks(attempt.job_id, plan, rank_specs(plan, specs[0]), launch.spec, surveyed)

@@ -86,10 +86,16 @@ class MpirunTransport:
     it launches them)."""
 
     def __init__(
-        self, local: Transport, job_id: str, agents: Mapping[str, HostAgent], grace_s: float
+        self,
+        local: Transport,
+        job_id: str,
+        agents: Mapping[str, HostAgent],
+        grace_s: float,
+        sessions: str | None = None,
     ) -> None:
         self.local = local
         self.job_id = job_id
+        self.sessions = sessions  # the session folder of mpirun's daemons on each host
         self.agents = dict(agents)
         self.grace_s = grace_s
         self.closed = threading.Event()
@@ -99,7 +105,7 @@ class MpirunTransport:
     def start(self, spec: LaunchSpec) -> MpirunProcess:
         from launcher.remote import agent
 
-        self.tell_agents(agent.MPI_JOB, self.job_id)
+        self.tell_agents(agent.MPI_JOB, f"{self.job_id}\n{self.sessions or ''}")
         process = MpirunProcess(self.local.start(spec), self.signal_ranks)
         threading.Thread(
             target=self.watch_hosts, args=(process,), name="dtrain-mpi-hosts", daemon=True
