@@ -275,9 +275,12 @@ def test_mpi_daemons_session_folders_are_the_jobs_and_removed_on_each_host(
         running.send_signal(signal.SIGKILL)
         running.wait(timeout=30)
         deadline = time.monotonic() + 60
-        while subprocess.run(
-            [*ssh_hosts.ssh_command, "node2", f"test -e {folder}"], timeout=30
-        ).returncode == 0:
+        while (
+            subprocess.run(
+                [*ssh_hosts.ssh_command, "node2", f"test -e {folder}"], timeout=30
+            ).returncode
+            == 0
+        ):
             assert time.monotonic() < deadline, f"{folder} is left on node2"
             time.sleep(0.5)
     finally:
