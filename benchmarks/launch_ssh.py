@@ -1,15 +1,15 @@
 """Launch over SSH: dtrain vs Open MPI's ``mpirun`` on real sshd test hosts.
 
-Starts 16 netns test hosts (``tests/testhosts.py``), then measures, interleaved in
+Starts 64 netns test hosts (``tests/testhosts.py``), then measures, interleaved in
 the same run, the time to launch a trivial job (``true`` on every rank, by default)
 until every rank runs and until the launcher has seen every rank exit:
 
 1. 8 ranks over 4 hosts (2 per host) with ``dtrain run`` and with ``mpirun``;
-2. 1 rank per host on 2, 4, 8 and 16 hosts, with dtrain's time split into
-   phases (connect, probe, start, run) by timing an in-process ``dtrain run``;
-3. 8 ranks per host (as on 8-GPU nodes) on 2, 4, 8 and 16 hosts (16 to 128 ranks);
-4. where dtrain's time goes: Python start-up and imports (``-X importtime``) and
-   the phases of an 8-rank launch.
+2. where dtrain's time goes: Python start-up and imports (``-X importtime``) and
+   the phases of an 8-rank launch;
+3. 8, 16, 32 and 64 hosts, 1 and 4 ranks per host (``ssh_scale.py``): until all
+   running and ended, the teardown after a failing rank, the launcher's CPU time,
+   RSS, threads, fds and children; hung mpiruns counted, not waited for.
 
 Every launcher run is a fresh process, timed from ``Popen`` to exit ("ended").
 Each rank first writes a time stamp into a scratch directory of this machine (the
@@ -58,16 +58,23 @@ if str(REPO) not in sys.path:
 
 from tests.testhosts import PREFIX_LEN, SUBNET, TestHosts, TestHostsError  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ssh_scale import (  # noqa: E402
+    DEFAULT_SCALE_REPEAT,
+    SCALE_HOSTS,
+    ScaleReport,
+    chart_lines,
+    render_scale,
+    run_scale,
+)
+
 SECTION_TITLE = "## Launch over SSH: dtrain vs mpirun"
 DOC_HEADER = "# Benchmarks\n\nMeasured with the scripts in `benchmarks/`.\n"
 BIN = Path(sys.executable).parent
 DEFAULT_PROGRAM = ("true",)
 MAIN_HOSTS = 4
 MAIN_SLOTS = 2
-SCALE_HOSTS = (2, 4, 8, 16)
-WIDE_SLOTS = 8  # ranks per host of the second scale series (8-GPU nodes)
 DEFAULT_REPEAT = 7
-DEFAULT_SCALE_REPEAT = 4
 DEFAULT_IMPORT_REPEAT = 3
 DEFAULT_TIMEOUT_S = 15.0
 DEFAULT_TIMEOUT_PER_RANK_S = 0.1  # 128 ranks: 15 + 12.8 s
@@ -178,6 +185,10 @@ class Launchers:
             "run",
             "--ssh-config",
             str(self.ssh_config),
+            # 64 agents starting at once on the 2 cores the test hosts share with everything
+            # else here can take longer than the default 10 s to answer under load
+            "--ssh-timeout",
+            "60",
             "--job-dir",
             str(self.job_dir),
             "-H",
@@ -432,6 +443,22 @@ def run_dtrain_in_process(args: Sequence[str]) -> dict[str, float] | str:
     }
 
 
+def baseline_argv(
+    launchers: Launchers, baseline: Path, hosts: str, program: Sequence[str]
+) -> list[str]:
+    """dtrain from another checkout (``--baseline``), with this venv's interpreter (``-P``:
+    ``-m`` would otherwise put the working directory, this checkout, before PYTHONPATH)."""
+    return [
+        "env",
+        f"PYTHONPATH={baseline}",
+        sys.executable,
+        "-P",
+        "-m",
+        "launcher",
+        *launchers.dtrain_args(hosts, program),
+    ]
+
+
 def measure_imports(launchers: Launchers, hosts: str, env: dict[str, str]) -> dict[str, float]:
     """Imports of a real ``dtrain run`` under ``-X importtime``: seconds per package (the
     modules' own times, so paramiko's dependencies count for themselves), plus ``total``
@@ -510,11 +537,7 @@ class Report:
     main_mpirun: Samples = field(default_factory=Samples)
     main_phases: Phases = field(default_factory=Phases)
     main_phase_failures: list[str] = field(default_factory=list)
-    scale_dtrain: dict[int, Samples] = field(default_factory=dict)
-    scale_mpirun: dict[int, Samples] = field(default_factory=dict)
-    scale_phases: dict[int, Phases] = field(default_factory=dict)
-    wide_dtrain: dict[int, Samples] = field(default_factory=dict)  # WIDE_SLOTS per host
-    wide_mpirun: dict[int, Samples] = field(default_factory=dict)
+    scale: ScaleReport | None = None
     imports: list[dict[str, float]] = field(default_factory=list)
     bare_python_s: list[float] = field(default_factory=list)
     channel_s: list[float] = field(default_factory=list)
@@ -544,9 +567,11 @@ def run_benchmark(args: argparse.Namespace) -> Report:
     )
     env = dict(os.environ)
     env.pop("NO_COLOR", None)
+    # An installed dtrain has its bytecode; without it every run compiles what changed.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     began = time.perf_counter()
     report.machine = describe_machine()
-    hosts = TestHosts(max(SCALE_HOSTS), netns=True, lock_timeout=args.lock_timeout)
+    hosts = TestHosts(max(args.scale_hosts), netns=True, lock_timeout=args.lock_timeout)
     job_dir = Path(tempfile.mkdtemp(prefix="dtrain-bench-jobs-"))
     stamp_dir = Path(tempfile.mkdtemp(prefix="dtrain-bench-stamps-"))
     try:
@@ -590,37 +615,22 @@ def run_benchmark(args: argparse.Namespace) -> Report:
             time_run([sys.executable, "-c", "pass"], bare, args.timeout, env)
             report.bare_python_s.extend(bare.times_s)
 
-        for count in SCALE_HOSTS:
-            report.scale_dtrain[count] = Samples()
-            report.scale_mpirun[count] = Samples()
-            report.scale_phases[count] = Phases()
-        log(f"1 rank per host on {SCALE_HOSTS} hosts, {args.scale_repeat} repetitions")
-        for index in range(args.scale_repeat):
-            for position, count in enumerate(SCALE_HOSTS):
-                hl = host_list(count, 1)
-                interleaved(
-                    index + position,
-                    functools.partial(runs.dtrain, hl, count, report.scale_dtrain[count]),
-                    functools.partial(runs.mpirun, hl, count, report.scale_mpirun[count]),
-                )
-                phases = run_dtrain_in_process(launchers.dtrain_args(hl))
-                if not isinstance(phases, str):
-                    report.scale_phases[count].add(phases)
-            log(f"repetition {index + 1} done")
-
-        for count in SCALE_HOSTS:
-            report.wide_dtrain[count] = Samples()
-            report.wide_mpirun[count] = Samples()
-        log(f"{WIDE_SLOTS} ranks per host on {SCALE_HOSTS} hosts, {args.scale_repeat} repetitions")
-        for index in range(args.scale_repeat):
-            for position, count in enumerate(SCALE_HOSTS):
-                hl, ranks = host_list(count, WIDE_SLOTS), count * WIDE_SLOTS
-                interleaved(
-                    index + position,
-                    functools.partial(runs.dtrain, hl, ranks, report.wide_dtrain[count]),
-                    functools.partial(runs.mpirun, hl, ranks, report.wide_mpirun[count]),
-                )
-            log(f"repetition {index + 1} done")
+        argv_of: dict[str, Callable[[str, Sequence[str]], list[str]]] = {
+            "dtrain": launchers.dtrain_argv,
+            "mpirun": launchers.mpirun_argv,
+        }
+        if args.baseline:
+            argv_of["dtrain (base)"] = functools.partial(baseline_argv, launchers, args.baseline)
+        log(f"{args.scale_hosts} hosts, {args.scale_repeat} repetitions")
+        report.scale = run_scale(
+            argv_of,
+            env,
+            stamp_dir,
+            hosts.kill_leftovers,
+            args.scale_repeat,
+            args.scale_hosts,
+            log,
+        )
     finally:
         hosts.stop()
         shutil.rmtree(job_dir, ignore_errors=True)
@@ -691,12 +701,6 @@ def labelled_samples(report: Report) -> list[tuple[str, Samples]]:
         (f"dtrain {MAIN_HOSTS}x{MAIN_SLOTS}", report.main_dtrain),
         (f"mpirun {MAIN_HOSTS}x{MAIN_SLOTS}", report.main_mpirun),
     ]
-    for slots, dtrain, mpirun in (
-        (1, report.scale_dtrain, report.scale_mpirun),
-        (WIDE_SLOTS, report.wide_dtrain, report.wide_mpirun),
-    ):
-        named += [(f"dtrain {count}x{slots}", samples) for count, samples in dtrain.items()]
-        named += [(f"mpirun {count}x{slots}", samples) for count, samples in mpirun.items()]
     return named
 
 
@@ -726,65 +730,6 @@ def compare(dtrain: Samples, mpirun: Samples) -> tuple[bool | None, str]:
 
 def verdict(met: bool | None) -> str:
     return {True: "met", False: "**missed**", None: "not measured"}[met]
-
-
-def render_targets(dtrain: dict[int, Samples], mpirun: dict[int, Samples]) -> list[str]:
-    """The target per size (dtrain no slower than mpirun), and how it went."""
-    rows = [
-        (count, *compare(dtrain.get(count, Samples()), mpirun.get(count, Samples())))
-        for count in SCALE_HOSTS
-    ]
-    missed = [str(count) for count, met, _ in rows if met is False]
-    unmeasured = [str(count) for count, met, _ in rows if met is None]
-    if missed:
-        overall = f"**missed** at {', '.join(missed)} hosts"
-    elif len(unmeasured) == len(rows):
-        overall = "not measured"
-    elif unmeasured:
-        overall = f"not measured at {', '.join(unmeasured)} hosts, met at the others"
-    else:
-        overall = "met at every size"
-    return [
-        "Target (dtrain no slower than mpirun at every size, until all running and until "
-        f"ended): {overall}.",
-        "",
-        *(f"- {count} hosts: {verdict(met)}: {text}." for count, met, text in rows),
-        "",
-    ]
-
-
-def growth(samples: Samples, smallest: Samples, running: bool) -> float | None:
-    """Median at the largest size / median at the smallest."""
-    if running:
-        top, bottom = samples.running_median_ms(), smallest.running_median_ms()
-    else:
-        top, bottom = samples.median_ms(), smallest.median_ms()
-    return None if top is None or bottom is None or bottom <= 0 else top / bottom
-
-
-def render_growth(dtrain: dict[int, Samples], mpirun: dict[int, Samples]) -> list[str]:
-    """How the times grow from the fewest hosts to the most (linear: as the hosts)."""
-    low, high = min(SCALE_HOSTS), max(SCALE_HOSTS)
-    linear = high / low
-    parts = []
-    for name, series in (("dtrain", dtrain), ("mpirun", mpirun)):
-        top, bottom = series.get(high, Samples()), series.get(low, Samples())
-        factors = [growth(top, bottom, running) for running in (True, False)]
-        shown = [f"{f:.2f}x" if f is not None else "—" for f in factors]
-        known = [f for f in factors if f is not None]
-        if not known:
-            kind = "not measured"
-        elif max(known) < linear:
-            kind = "sub-linear"
-        else:
-            kind = "**not sub-linear**"
-        parts.append(f"{name} {shown[0]} until all running, {shown[1]} until ended ({kind})")
-    return [
-        f"Growth from {low} to {high} hosts ({linear:g}x the hosts; time at {high} / time at "
-        f"{low}, medians; linear would be {linear:g}x; the target is well under it): "
-        f"{'; '.join(parts)}.",
-        "",
-    ]
 
 
 def render(report: Report) -> str:
@@ -851,8 +796,8 @@ def render(report: Report) -> str:
         "",
     ]
     lines += render_phases(report)
-    lines += render_scaling(report)
-    lines += render_wide(report)
+    if report.scale is not None:
+        lines += render_scale(report.scale)
     lines += ["", f"![{CHART_TITLE}](benchmarks/{CHART_NAME}.png)", ""]
     if hangs:
         dtrain_hangs = sum(
@@ -943,69 +888,6 @@ def render_phases(report: Report) -> list[str]:
     return lines
 
 
-def render_scaling(report: Report) -> list[str]:
-    lines = [
-        f"### 1 rank per host, 2 to 16 hosts, {report.scale_repeat} repetitions each",
-        "",
-        "*all running* and *ended* are separate launcher processes, timed as above. "
-        "dtrain's *connect* (`connect_all` alone), *probe* and *start + run* (first channel "
-        "opened to last exit status) come from in-process runs of the same command (the "
-        "program itself, without the stamp).",
-        "",
-        "| hosts | dtrain all running | dtrain ended | connect | probe | start + run | "
-        "mpirun all running | mpirun ended | ratio, all running | ratio, ended |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for count in SCALE_HOSTS:
-        dtrain = report.scale_dtrain.get(count, Samples())
-        mpirun = report.scale_mpirun.get(count, Samples())
-        phases = report.scale_phases.get(count, Phases())
-        starts, runs = phases.samples.get("start", []), phases.samples.get("run", [])
-        start_run = median_ms([s + r for s, r in zip(starts, runs, strict=True)])
-        lines.append(
-            f"| {count} | {dtrain.running_spread()} | {dtrain.spread()} | "
-            f"{fmt_ms(phases.median_ms('connect'))} | "
-            f"{fmt_ms(phases.median_ms('probe'))} | {fmt_ms(start_run)} | "
-            f"{mpirun.running_spread()} | {mpirun.spread()} | "
-            f"{ratio(dtrain.running_median_ms(), mpirun.running_median_ms())} | "
-            f"{ratio(dtrain.median_ms(), mpirun.median_ms())} |"
-        )
-    lines.append("")
-    lines += render_targets(report.scale_dtrain, report.scale_mpirun)
-    lines += render_growth(report.scale_dtrain, report.scale_mpirun)
-    return lines
-
-
-def render_wide(report: Report) -> list[str]:
-    low, high = min(SCALE_HOSTS), max(SCALE_HOSTS)
-    lines = [
-        f"### {WIDE_SLOTS} ranks per host (as on {WIDE_SLOTS}-GPU nodes), {low} to {high} "
-        f"hosts, {report.scale_repeat} repetitions each",
-        "",
-        f"`-H node1:{WIDE_SLOTS},node2:{WIDE_SLOTS},...` ({low * WIDE_SLOTS} to "
-        f"{high * WIDE_SLOTS} ranks), timed as above. Both launchers still open one "
-        "connection per host: dtrain's agent forks every rank's watchdog from itself (no "
-        "interpreter per rank), mpirun's `prted` forks the ranks.",
-        "",
-        "| hosts | ranks | dtrain all running | dtrain ended | mpirun all running | "
-        "mpirun ended | ratio, all running | ratio, ended |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for count in SCALE_HOSTS:
-        dtrain = report.wide_dtrain.get(count, Samples())
-        mpirun = report.wide_mpirun.get(count, Samples())
-        lines.append(
-            f"| {count} | {count * WIDE_SLOTS} | {dtrain.running_spread()} | {dtrain.spread()} | "
-            f"{mpirun.running_spread()} | {mpirun.spread()} | "
-            f"{ratio(dtrain.running_median_ms(), mpirun.running_median_ms())} | "
-            f"{ratio(dtrain.median_ms(), mpirun.median_ms())} |"
-        )
-    lines.append("")
-    lines += render_targets(report.wide_dtrain, report.wide_mpirun)
-    lines += render_growth(report.wide_dtrain, report.wide_mpirun)
-    return lines
-
-
 def replace_section(text: str, section: str) -> str:
     """``text`` with the section titled like ``section``'s first line replaced (or appended).
 
@@ -1036,23 +918,18 @@ def replace_section(text: str, section: str) -> str:
 
 
 CHART_NAME = "ssh_launch"
-CHART_TITLE = "Launch over SSH: time until every rank ended, against hosts"
+CHART_TITLE = "Launch over SSH, 8 to 64 hosts: time until every rank ended"
 
 
 def write_chart_of(report: Report, directory: Path) -> None:
-    """Median *ended* time against hosts, both series, both launchers (needs matplotlib)."""
+    """Median *ended* time against hosts, per launcher and ranks per host (needs
+    matplotlib)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import Chart, write_chart
 
-    lines: dict[str, list[tuple[float, float]]] = {}
-    for name, series in (
-        ("dtrain, 1 rank per host", report.scale_dtrain),
-        ("mpirun, 1 rank per host", report.scale_mpirun),
-        (f"dtrain, {WIDE_SLOTS} per host", report.wide_dtrain),
-        (f"mpirun, {WIDE_SLOTS} per host", report.wide_mpirun),
-    ):
-        points = [(float(n), s.median_ms()) for n, s in sorted(series.items())]
-        lines[name] = [(x, y) for x, y in points if y is not None]
+    if report.scale is None:
+        return
+    lines = chart_lines(report.scale)
     write_chart(Chart(CHART_NAME, CHART_TITLE, "hosts", "ms", lines, logx=True), directory)
 
 
@@ -1076,6 +953,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--write", type=Path, metavar="MD", help="update this markdown file")
     parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, metavar="N")
     parser.add_argument("--scale-repeat", type=int, default=DEFAULT_SCALE_REPEAT, metavar="N")
+    parser.add_argument(
+        "--scale-hosts",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=SCALE_HOSTS,
+        metavar="N,N",
+        help="host counts of the scale series (default: 8,16,32,64)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also run dtrain from this checkout in the scale series (PYTHONPATH)",
+    )
     parser.add_argument("--import-repeat", type=int, default=DEFAULT_IMPORT_REPEAT, metavar="N")
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before a run is hung"

@@ -145,6 +145,25 @@ def ssh_hosts(ssh_hosts_session: TestHosts) -> TestHosts:
     return ssh_hosts_session
 
 
+WIDE_HOSTS = 32
+
+
+@pytest.fixture
+def ssh_hosts_wide(ssh_hosts_session: TestHosts) -> Iterator[TestHosts]:
+    """32 test hosts node1..node32 for one test. Only one set of test hosts runs at a time
+    (one lock per machine, held by the set that runs), so the session's 3 are stopped first
+    (``ssh_hosts`` starts them again for the next test that wants them): the lock is never
+    waited for while this process holds it (which would wait forever)."""
+    if ssh_hosts_session.started:
+        ssh_hosts_session.stop()
+    hosts = TestHosts(WIDE_HOSTS)
+    try:
+        hosts.start()
+        yield hosts
+    finally:
+        hosts.stop()
+
+
 @pytest.fixture
 def start_unread() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Starts dtrain with a stdout pipe nobody reads (a paused terminal, `| less`); a dtrain
@@ -213,7 +232,7 @@ def slurm_cluster(slurm_cluster_session: SlurmCluster) -> Iterator[SlurmCluster]
 
 # Fixtures that need machinery beyond this machine's processes, and the marker a test that
 # uses one gets: the fast lane (./scripts/test --fast) deselects these markers.
-HOST_FIXTURES = {"ssh_hosts", "ssh_hosts_session"}
+HOST_FIXTURES = {"ssh_hosts", "ssh_hosts_session", "ssh_hosts_wide"}
 CLUSTER_FIXTURES = {"slurm_cluster", "slurm_cluster_session"}
 SLURM_FIXTURES = {*CLUSTER_FIXTURES, "slurm"}  # "slurm": tests/test_slurm.py's one-node Slurm
 NEEDS = {  # marker: what its tests need, said when -m leaves them out

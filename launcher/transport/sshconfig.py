@@ -5,6 +5,8 @@ User, IdentityFile, ProxyJump, known_hosts files), and ProxyJump's host lists.""
 from __future__ import annotations
 
 import getpass
+import threading
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -65,9 +67,30 @@ def load_ssh_config(settings: SshSettings) -> paramiko.SSHConfig:
         ) from None
 
 
+# What paramiko's SSHConfig.lookup said for each name, per config: a lookup walks every Host
+# block twice, each time asking the password database for the local user, so 64 hosts listed
+# in one config took 120-250 ms of CPU, and the survey (locality) and connect_all both ask.
+LOOKUPS: weakref.WeakKeyDictionary[paramiko.SSHConfig, dict[str, dict[str, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+LOOKUPS_LOCK = threading.Lock()
+
+
+def config_entry(config: paramiko.SSHConfig, name: str) -> dict[str, Any]:
+    """``config.lookup(name)``, once per config and name (a copy: callers may change it)."""
+    with LOOKUPS_LOCK:
+        known = LOOKUPS.setdefault(config, {})
+        entry = known.get(name)
+    if entry is None:
+        entry = dict(config.lookup(name))
+        with LOOKUPS_LOCK:
+            known[name] = entry
+    return {k: list(v) if isinstance(v, list) else v for k, v in entry.items()}
+
+
 def resolve_target(host: Host, settings: SshSettings, config: paramiko.SSHConfig) -> SshTarget:
     """Apply ~/.ssh/config (HostName, Port, User, IdentityFile, ProxyJump...) to a host."""
-    entry: dict[str, Any] = dict(config.lookup(host.name))
+    entry = config_entry(config, host.name)
     identities = [settings.identity] if settings.identity else []
     identities += [str(Path(p).expanduser()) for p in entry.get("identityfile", [])]
     known = entry.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2")
