@@ -11,13 +11,15 @@ the order turning each round) after one warm-up round that is not counted.
 * ``mpirun --allow-run-as-root --oversubscribe -np 8 true`` (Open MPI);
 * ``torchrun --nproc-per-node 8 --no-python true``;
 * with ``--baseline REF``, dtrain as it was at git REF (a worktree of it, the same
-  Python), ``--plain``: before and after.
+  Python), ``--plain``: before and after; ``--baseline-tree DIR`` takes a checkout that
+  is already there instead (nothing is added to git).
 
 Every dtrain run gets a fresh ``--job-dir`` root (the job directory is part of its work).
 Every launcher runs in a scratch directory (``python -m`` puts its working directory
 first on ``sys.path``: the baseline must not import this checkout).
 
-    python benchmarks/launch_local.py [--reps 15] [--baseline REF]
+    python benchmarks/launch_local.py [--quick | --reps N] [--baseline REF | --baseline-tree DIR]
+        [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -139,9 +141,12 @@ def remove_baseline(tree: Path) -> None:
     )
 
 
-def measure(reps: int, baseline_ref: str | None) -> tuple[list[Series], dict[str, str]]:
+def measure(
+    reps: int, baseline_ref: str | None, baseline_tree: Path | None = None
+) -> tuple[list[Series], dict[str, str]]:
     scratch = Path(tempfile.mkdtemp(prefix="dtrain-bench-launch-"))
-    baseline = make_baseline(baseline_ref, scratch) if baseline_ref else None
+    made = make_baseline(baseline_ref, scratch) if baseline_ref else None
+    baseline = made or baseline_tree
     try:
         pairs = configurations(baseline, scratch)
         series = [s for s, _ in pairs]
@@ -153,8 +158,8 @@ def measure(reps: int, baseline_ref: str | None) -> tuple[list[Series], dict[str
         machine["load average after"] = " ".join(f"{x:.2f}" for x in __import__("os").getloadavg())
         return series, machine
     finally:
-        if baseline is not None:
-            remove_baseline(baseline)
+        if made is not None:
+            remove_baseline(made)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -234,22 +239,47 @@ def render(series: list[Series], machine: dict[str, str], reps: int, command: st
     return Section(TITLE, body, [chart], summary)
 
 
-def run(quick: bool, baseline: str | None = None) -> Section:
-    reps = 5 if quick else 15
-    series, machine = measure(reps, baseline)
+def run(
+    quick: bool,
+    baseline: str | None = None,
+    baseline_tree: Path | None = None,
+    reps: int | None = None,
+) -> Section:
+    reps = reps or (5 if quick else 15)
+    series, machine = measure(reps, baseline, baseline_tree)
     command = "python benchmarks/launch_local.py" + (" --quick" if quick else "")
     if baseline:
         command += f" --baseline {baseline}"
+    elif baseline_tree is not None:
+        command += f" --baseline-tree {baseline_tree}"
     return render(series, machine, reps, command)
+
+
+def write_section(section: Section, doc: Path) -> None:
+    """Replace this benchmark's section of ``doc`` (and its chart), as run.py does."""
+    from common import CHARTS, write_chart
+    from run import render as render_section
+    from run import replace_section
+
+    charts = {chart.name: write_chart(chart, CHARTS) for chart in section.charts}
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    doc.write_text(replace_section(text, section.title, render_section(section, charts)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="5 rounds instead of 15")
+    parser.add_argument("--reps", type=int, help="rounds (default 15, 5 with --quick)")
     parser.add_argument("--baseline", help="also time dtrain as it was at this git ref")
+    parser.add_argument(
+        "--baseline-tree", type=Path, help="also time dtrain from this checkout (not git-made)"
+    )
+    parser.add_argument("--write", type=Path, help="replace this benchmark's section there")
     args = parser.parse_args(argv)
-    section = run(args.quick, args.baseline)
+    section = run(args.quick, args.baseline, args.baseline_tree, args.reps)
     print("\n".join([section.title, "", *section.body]))
+    if args.write is not None:
+        write_section(section, args.write)
     return 0
 
 

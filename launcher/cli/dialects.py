@@ -33,6 +33,8 @@ PEER_VALUES = "dtrain.peer_values"  # ctx.meta key: {field: (flag as the user sp
 
 @dataclass(frozen=True)
 class PeerFlag:
+    """Another launcher's option, and what dtrain makes of it."""
+
     peer: str  # mpirun, torchrun, horovodrun, deepspeed (or several, "torchrun/deepspeed")
     flags: str  # its spellings, space-separated
     field: str | None  # the config field it sets; None: accepted and ignored, or refused

@@ -12,27 +12,35 @@ stays fast (rule 11).
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import click
 
 from launcher.base.errors import LauncherError
 from launcher.cli.dialects import peer_options
-from launcher.cli.exportcmd import export_group
 from launcher.cli.help import GroupedCommand
-from launcher.cli.hostcmds import check, hosts
-from launcher.cli.jobcmds import jobs, logs, stacks, stop, top
+from launcher.cli.lazygroup import LazyGroup
 from launcher.cli.options import COMMAND, CONTEXT, COUNT, JOB_COMMAND, job_options, option
 from launcher.cli.projectfile import with_project_file
-from launcher.cli.sweepcmd import sweep_command
 from launcher.core.config import JobConfig, MpiConfig, PsConfig, config_from_options, pick
 
+# The other commands, by concern; each module loads when its command is named (lazygroup.py).
+ELSEWHERE = {
+    **{name: f"launcher.cli.jobcmds:{name}" for name in ("logs", "jobs", "stop", "stacks", "top")},
+    "hosts": "launcher.cli.hostcmds:hosts",
+    "check": "launcher.cli.hostcmds:check",
+    "sweep": "launcher.cli.sweepcmd:sweep_command",
+    "export": "launcher.cli.exportcmd:export_group",
+}
 
-@click.group(context_settings=CONTEXT)
+
+@click.group(context_settings=CONTEXT, cls=LazyGroup, lazy=ELSEWHERE)
 @click.version_option(package_name="dtrain", prog_name="dtrain")
 def cli() -> None:
     """dtrain: launch distributed training jobs on one machine or many.
@@ -45,10 +53,6 @@ def cli() -> None:
       dtrain logs -f                              # follow the latest job's output
       dtrain run --dry-run --json -np 8 --hostfile hosts python train.py
     """
-
-
-for command in (logs, jobs, stop, stacks, top, hosts, check, sweep_command, export_group):
-    cli.add_command(command)
 
 
 @cli.command(context_settings=JOB_COMMAND, cls=GroupedCommand)
@@ -191,21 +195,47 @@ def ps_command(**options: Any) -> int:
     return start_job(config_from_options(options, ps=pick(PsConfig, options)))
 
 
+@contextmanager
+def loading_for_good() -> Iterator[None]:
+    """While the job's modules load, no cyclic collection; then what the process holds is
+    left out of the collections (``gc.freeze``).  Importing makes long-lived objects, not
+    garbage: the collector would look at them a dozen times over meanwhile, and at every
+    collection after (about 3 ms of a short job's start).  The dtrain command only; the
+    job's end gives them back to the collector (``loop/interpreter.py``, else ``start_job``)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
+
+
 def start_job(config: JobConfig) -> int:
     """Run the job here (or in the background with --detach) and print how it went."""
-    from launcher.run.early import start_agent_early
+    try:
+        return start_loaded_job(config)
+    finally:
+        gc.unfreeze()  # (loading_for_good's, on every way out: no job's end gave it back)
 
-    environ = dict(os.environ)
-    config = start_agent_early(config, environ)
-    if config.placement.host_lists:  # (then no agent was started early: nothing runs yet)
-        from launcher.run.preflight import check_hosts_not_split
 
-        check_hosts_not_split(config, environ)
-    from launcher.core.config import validate_config
-    from launcher.run.attempt import DryRun
-    from launcher.run.job import run_job
-    from launcher.view.frontend import TerminalFrontend
-    from launcher.view.reports import format_dry_run, format_failure
+def start_loaded_job(config: JobConfig) -> int:
+    """``start_job``, whose start-up's objects stay out of the collections until it returns."""
+    with loading_for_good():
+        from launcher.run.early import start_agent_early
+
+        environ = dict(os.environ)
+        config = start_agent_early(config, environ)
+        if config.placement.host_lists:  # (then no agent was started early: nothing runs yet)
+            from launcher.run.preflight import check_hosts_not_split
+
+            check_hosts_not_split(config, environ)
+        from launcher.core.config import validate_config
+        from launcher.run.attempt import DryRun
+        from launcher.run.job import run_job
+        from launcher.view.frontend import TerminalFrontend
+        from launcher.view.reports import format_dry_run, format_failure
 
     if config.verbose:
         show_what_dtrain_does(sys.stderr)
@@ -329,7 +359,7 @@ def subcommand_meant(args: Sequence[str]) -> tuple[str, str] | None:
     a subcommand's name among the program's arguments never changes the line's meaning."""
     import shlex
 
-    if not args or args[0] in cli.commands:
+    if not args or args[0] in cli.names():
         return None
     first = args[0]
     if first.startswith("-"):
@@ -342,7 +372,7 @@ def subcommand_meant(args: Sequence[str]) -> tuple[str, str] | None:
                 return f"{name} is an option of dtrain {command.name}", f"did you mean: {meant}"
         for command in (run, ps_command):  # options, then the program
             at = first_operand(args, command)
-            if at is not None and (at == len(args) or args[at] not in cli.commands):
+            if at is not None and (at == len(args) or args[at] not in cli.names()):
                 meant = shlex.join(["dtrain", str(command.name), *args])
                 return f"{name} is an option of dtrain {command.name}", f"did you mean: {meant}"
         return None

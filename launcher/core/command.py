@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -113,6 +112,8 @@ def build_remote_command(python: str, args: Sequence[str]) -> str:
     ``python`` (the launcher's interpreter) is used where that path exists on
     the host, else the first ``python3`` on its PATH.
     """
+    import shlex  # (here: a job on this machine alone never loads it)
+
     quoted = " ".join(shlex.quote(a) for a in args)
     return (
         f'p={shlex.quote(python)}; [ -x "$p" ] || p=$(command -v python3) || '

@@ -9,7 +9,6 @@ background half of ``--detach`` copies a config with ``dataclasses.replace``
 
 from __future__ import annotations
 
-import string
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeVar
@@ -331,6 +330,8 @@ def rank_set(ranks: Iterable[int]) -> str:
 
 def check_tag_format(tag_format: str) -> None:
     """Reject a ``--tag-format`` with unknown fields before anything starts."""
+    import string  # (here: only a --tag-format loads it)
+
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(tag_format) if f is not None]
     except ValueError as exc:

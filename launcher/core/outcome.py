@@ -54,6 +54,8 @@ class RankReport:
 
 @dataclass(frozen=True)
 class JobResult:
+    """How a job (or an attempt) ended: its exit code, the ranks' ends, the first failure."""
+
     exit_code: int
     world_size: int
     elapsed_s: float

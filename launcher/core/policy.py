@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, replace
 
 @dataclass(frozen=True)
 class RankExited:
+    """A rank's program exited (its status as the watchdog reported it)."""
+
     rank: int
     status: int  # exit code, or -N for death by signal N
     time: float = 0.0  # when it exited (the launcher's clock): the first failure is the earliest
@@ -38,12 +40,14 @@ class RankExited:
 
 @dataclass(frozen=True)
 class Interrupted:
+    """dtrain got SIGINT or SIGTERM."""
+
     signum: int
 
 
 @dataclass(frozen=True)
 class GraceExpired:
-    pass
+    """The grace after SIGTERM is over: what still runs is killed."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ Event = RankExited | Interrupted | GraceExpired | TimedOut | HostsChanged
 
 @dataclass(frozen=True)
 class Continue:
-    pass
+    """Nothing to do."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class KillAll:
 
 @dataclass(frozen=True)
 class Finish:
+    """The job is over, with this exit code."""
+
     exit_code: int
 
 
@@ -101,6 +107,8 @@ Action = Continue | StopAll | KillAll | Finish | Restart
 
 @dataclass(frozen=True)
 class Failure:
+    """The rank whose failure fails the job: its status, and when it exited."""
+
     rank: int
     status: int
     time: float = 0.0
@@ -108,6 +116,8 @@ class Failure:
 
 @dataclass(frozen=True)
 class JobState:
+    """What ``decide`` knows of the job so far."""
+
     running: int  # ranks still running (each rank's exit comes once: a count, not a set)
     failure: Failure | None = None  # the first rank that failed
     interrupt: int | None = None  # the signal that stopped dtrain

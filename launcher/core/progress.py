@@ -24,8 +24,8 @@ episode.
 
 from __future__ import annotations
 
+import functools
 import re
-import shlex
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +47,7 @@ SI = {b"": 1.0, b"k": 1e3, b"M": 1e6, b"G": 1e9, b"T": 1e12, b"P": 1e15}
 NUMBER = rb"\d+(?:\.\d+)?[kMGTP]?"  # tqdm's counts and rates, unit_scale's 1.23k included
 # n/total [elapsed<remaining, rate] or n unit [elapsed, rate]; the rate is N unit/s,
 # N s/unit (below one a second) or ? (not known yet).
-TQDM = re.compile(
+TQDM = (
     rb"(?P<n>" + NUMBER + rb")(?:/(?P<total>" + NUMBER + rb"|\?)|[A-Za-z]*) ?"
     rb"\[[\d:]+(?:<[\d:?]+)?, *"
     rb"(?:(?P<rate>" + NUMBER + rb")[^\s,\]/]*/s|(?P<inverse>" + NUMBER + rb")s/|\?)"
@@ -72,9 +72,15 @@ def scaled(text: bytes) -> float:
     return float(text)
 
 
+@functools.cache
+def tqdm_bar() -> re.Pattern[bytes]:
+    """``TQDM``, compiled by the first line that may be a bar (about 1 ms)."""
+    return re.compile(TQDM)
+
+
 def parse_tqdm(line: bytes) -> ProgressStep | None:
     """A tqdm bar's step, its total and its rate."""
-    found = TQDM.search(line)
+    found = tqdm_bar().search(line)
     if found is None:
         return None
     total = found["total"]
@@ -107,6 +113,8 @@ def compile_progress_regex(text: str) -> re.Pattern[bytes]:
     """``--progress-regex``: a regular expression with one group (or a group named
     ``step``) that holds the step; one line naming what is wrong otherwise."""
     # As typed (repr would double its backslashes), in quotes as the shell takes it.
+    import shlex
+
     quoted = shlex.quote(text) if "'" in text else f"'{text}'"
     given = f"--progress-regex {quoted}"
     try:

@@ -110,6 +110,8 @@ class DryRun:
 
 @dataclass(frozen=True)
 class Finished:
+    """An attempt that ran: its result, and what the next attempt needs of it."""
+
     result: JobResult
     master_port: int | None = None  # the attempt's rendezvous port (a restart takes another)
     failed_hosts: frozenset[str] = frozenset()  # remote hosts to leave out of a restart

@@ -6,13 +6,17 @@ as its options are read: the agent's own start-up (an interpreter, about 25 ms) 
 while dtrain imports and plans, instead of before the first rank.  The agent carries the
 launcher's environment, the job's ``-x`` variables and its ``DTRAIN_JOB_ID``, so the
 watchdogs it forks show them in ``/proc`` (a job's processes are found by them).
+
+Only C modules are used for the agent's socket (``_socket``, ``array``): ``socket`` and
+``signal`` turn their constants into enums as they load (about 7 ms), and the agent starts
+before they do (the job's modules load them after).
 """
 
 from __future__ import annotations
 
+import _socket
 import os
-import signal
-import socket
+import select
 import sys
 import threading
 import time
@@ -25,6 +29,7 @@ from launcher.base.pids import process_alive
 WATCHDOG = remote.path("watchdog")
 # Imported, not run as a script: its bytecode is cached (a script is compiled at every start).
 SERVE = f"import sys; sys.path[:0] = [{str(WATCHDOG.parent)!r}]; import watchdog; watchdog.serve()"
+SIGKILL = 9  # (signal.SIGKILL; see above)
 LOST_POLL_S = 0.05  # without the local agent, how often to look for a watchdog's end
 AGENT_EXIT_S = 5.0  # the local agent exits at once when its socket closes; at most this
 JOB_ID = "DTRAIN_JOB_ID"
@@ -54,7 +59,7 @@ class Spawned:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:  # reaped by someone else: gone, status unknown
-                self.returncode = -signal.SIGKILL
+                self.returncode = -SIGKILL
                 return self.returncode
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
@@ -63,6 +68,8 @@ class Spawned:
     def wait(self, timeout: float | None = None) -> int | None:
         """Its exit status; None if it still runs after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self.poll() is None:
+            self.sleep_until_exit(timeout)
         delay = 0.0005
         while self.poll() is None:
             if deadline is not None and time.monotonic() >= deadline:
@@ -71,10 +78,24 @@ class Spawned:
             delay = min(delay * 2, 0.05)
         return self.returncode
 
+    def sleep_until_exit(self, timeout: float | None) -> None:
+        """Sleep until it exits (woken the moment it does: a pidfd), at most ``timeout``
+        seconds; at once where there is no pidfd (``wait`` then looks now and then)."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # an older kernel; or reaped by someone else
+            return
+        try:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            poller.poll(None if timeout is None else max(0, int(timeout * 1000)))
+        finally:
+            os.close(pidfd)
+
     def kill(self) -> None:
         if self.returncode is None:
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, SIGKILL)
             except ProcessLookupError:
                 pass
 
@@ -109,7 +130,7 @@ class LocalAgent:
     """
 
     def __init__(self, python: str, env: Mapping[str, str]) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             # (in its own session: a Ctrl-C at the terminal is the launcher's to handle)
             self.popen = Spawned([python, "-I", "-S", "-c", SERVE], theirs.fileno(), env)
@@ -140,7 +161,7 @@ class LocalAgent:
             with self.changed:
                 self.tickets.append(ticket)
             try:
-                socket.send_fds(self.sock, [b"%010d" % len(body)], fds)
+                send_fds(self.sock, b"%010d" % len(body), fds)
                 self.sock.sendall(body)
             except OSError:
                 with self.changed:
@@ -212,7 +233,7 @@ class LocalAgent:
             if pid in self.exits:
                 return self.exits[pid]
             if self.lost and not process_alive(pid):
-                return -signal.SIGKILL  # reaped by another (the agent is gone): status unknown
+                return -SIGKILL  # reaped by another (the agent is gone): status unknown
             return None
 
     def wait_exit(self, pid: int, timeout: float | None) -> int | None:
@@ -230,13 +251,23 @@ class LocalAgent:
     def close(self) -> None:
         """Close the socket: the agent exits (the watchdogs live on, on their lifelines)."""
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.shutdown(_socket.SHUT_RDWR)
         except OSError:
             pass
         self.sock.close()
         if self.popen.wait(AGENT_EXIT_S) is None:
             self.popen.kill()
             self.popen.wait()
+
+
+def send_fds(sock: _socket.socket, data: bytes, fds: list[int]) -> None:
+    """``socket.send_fds`` on a plain ``_socket.socket``: ``data`` with the descriptors."""
+    import array
+
+    ancillary = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+    sent = sock.sendmsg([data], ancillary)
+    if sent < len(data):  # (the descriptors went with the first bytes)
+        sock.sendall(data[sent:])
 
 
 EARLY: list[LocalAgent] = []  # started by ``start_early``, not yet taken by a transport
