@@ -56,11 +56,15 @@ def check(stdout: bytes, lines: int, same: bool) -> str:
     return "ok" if not bad else f"ranks {bad} lost or reordered lines"
 
 
-def one_run(dtrain: str, producer: Path, lines: int, collapse: bool) -> tuple[Run, int, str]:
+def one_run(
+    dtrain: str, producer: Path, lines: int, collapse: bool, tree: Path | None = None
+) -> tuple[Run, int, str]:
+    """One run (``tree``: dtrain from that checkout, by PYTHONPATH: a baseline)."""
     flag = "--collapse" if collapse else "--no-collapse"
+    env = dict(os.environ) | ({"PYTHONPATH": str(tree)} if tree is not None else {})
     with tempfile.TemporaryDirectory(prefix="dtrain-bench-") as tmp:
         argv = [dtrain, "run", "-np", str(RANKS), "--plain", flag, "--job-dir", tmp]
-        run = run_launcher([*argv, sys.executable, str(producer), str(lines)], dict(os.environ))
+        run = run_launcher([*argv, sys.executable, str(producer), str(lines)], env)
     if run.returncode != 0:
         raise SystemExit(run.stderr.decode("utf-8", "replace")[-2000:])
     return run, len(run.stdout), check(run.stdout, lines, "same" in producer.name)
@@ -71,7 +75,11 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--write", type=Path, help="put the section into this markdown file")
+    parser.add_argument(
+        "--baseline", type=Path, help="also run --collapse from this checkout, interleaved"
+    )
     args = parser.parse_args()
+    baseline: dict[str, list[tuple[Run, int, str]]] = {}
     dtrain = shutil.which("dtrain") or str(Path(sys.executable).parent / "dtrain")
     rows = []
     with tempfile.TemporaryDirectory(prefix="dtrain-bench-") as tmp:
@@ -87,10 +95,23 @@ def main() -> int:
             for _ in range(args.reps):
                 for collapse in (False, True):
                     runs[collapse].append(one_run(dtrain, producer, args.lines, collapse))
+                if args.baseline is not None:
+                    found = one_run(dtrain, producer, args.lines, True, args.baseline)
+                    baseline.setdefault(kind, []).append(found)
             rows.append((kind, runs))
         load_after = os.getloadavg()[0]
     text = section(rows, args, load_before, load_after)
     print(text)
+    for kind, done in baseline.items():
+        wall = statistics.median(r.wall_s for r, _, _ in done)
+        print(
+            f"baseline {args.baseline}, {kind} --collapse: {wall:.2f} s "
+            f"({min(r.wall_s for r, _, _ in done):.2f}-{max(r.wall_s for r, _, _ in done):.2f}), "
+            f"{RANKS * args.lines / wall:,.0f} lines/s, launcher CPU "
+            f"{statistics.median(r.launcher_cpu_s for r, _, _ in done):.2f} s, "
+            f"{statistics.median(n for _, n, _ in done):,.0f} bytes; "
+            f"checked: {sorted({c for *_, c in done})}"
+        )
     if args.write:
         write_section(args.write, text, SECTION)
     return 0

@@ -17,7 +17,11 @@ place of the survey.  Measured there:
 * the end: from the last rank's exit until ``run_job`` returned (the job's end recorded in
   the job directory, the summary ready to print), in both runs.
 
-    python benchmarks/scale_sim.py [--quick]
+    python benchmarks/scale_sim.py [--quick] [--write docs/benchmarks.md]
+    python benchmarks/scale_sim.py --compare /tmp/base [--hosts 1000] [--reps 5]
+
+``--compare TREE`` measures only the end, at one size, interleaved with another checkout
+of dtrain (its own ``benchmarks/scale_sim.py --one``): medians with min-max.
 """
 
 from __future__ import annotations
@@ -27,19 +31,43 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+# dtrain itself: this checkout's, or another's (``--compare``: the same benchmark, on the
+# code before a change).
+TREE_VARIABLE = "SCALE_SIM_TREE"
+sys.path.insert(0, os.environ.get(TREE_VARIABLE) or str(HERE.parent))
+# Where the runs' job directories go (``--one`` leaves its own there).  They are removed
+# only once every run is over: ext4 without a journal, as here, skips an inode deleted in
+# the last 30 s when it allocates one ("recently_deleted"), so that 8,000 files removed
+# just before a run made its 8,000 files cost 0.25 ms each instead of 0.015 ms; removed
+# after each run, every run but the first measured the cleanup of the one before.  The
+# root is in the home directory, as ``~/.dtrain/jobs`` is, not in /tmp, where other
+# programs' temporary files come and go by the thousand (2 s for 8,000 files measured in
+# a folder of /tmp while tests ran, 0.1 s in the home directory at the same time).
+ROOT_VARIABLE = "SCALE_SIM_ROOT"
+
+
+JOBS_IN = "SCALE_SIM_JOBS_IN"  # (--jobs-in: another folder than ~/.cache; /dev/shm: no disk)
+
+
+def jobs_root() -> Path:
+    """A new folder for the runs' job directories (removed by the caller)."""
+    parent = Path(os.environ.get(JOBS_IN) or Path.home() / ".cache")
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="dtrain-sim-jobs-", dir=parent))
+
 
 RANKS_PER_HOST = 8
 TITLE = "## 1,000 hosts x 8 ranks, simulated"
@@ -158,7 +186,8 @@ def run_job_once(hosts: int, job_dir: Path, fail: bool) -> dict[str, Any]:
 
 
 def one(hosts: int, run: bool, fail: bool) -> dict[str, Any]:
-    job_dir = Path(tempfile.mkdtemp(prefix="dtrain-sim-"))
+    root = os.environ.get(ROOT_VARIABLE)
+    job_dir = Path(tempfile.mkdtemp(prefix="dtrain-sim-", dir=root))
     try:
         found: dict[str, Any] = {"hosts": hosts, **time_planning(hosts, job_dir)}
         if run:
@@ -166,25 +195,42 @@ def one(hosts: int, run: bool, fail: bool) -> dict[str, Any]:
         found["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return found
     finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+        if root is None:  # (else removed with the root, after every run)
+            shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def child_env(root: Path, tree: Path | None = None) -> dict[str, str]:
+    env = {**os.environ, ROOT_VARIABLE: str(root)}
+    env.pop(TREE_VARIABLE, None)
+    return env if tree is None else {**env, TREE_VARIABLE: str(tree)}
 
 
 def measure(sizes: Sequence[int], plan_only: Sequence[int]) -> list[dict[str, Any]]:
     rows = []
-    for hosts in [*sizes, *plan_only]:
-        for fail in (False, True) if hosts in sizes else (False,):
-            args = ["--one", str(hosts)] + (["--fail"] if fail else [])
-            if hosts not in sizes:
-                args.append("--plan-only")
-            done = subprocess.run(
-                [sys.executable, __file__, *args], capture_output=True, text=True, check=False
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"scale_sim {args}: {done.stderr[-2000:]}")
-            row = json.loads(done.stdout.strip().splitlines()[-1])
-            row["fail"] = fail
-            rows.append(row)
+    root = jobs_root()
+    try:
+        for hosts in [*sizes, *plan_only]:
+            for fail in (False, True) if hosts in sizes else (False,):
+                args = ["--one", str(hosts)] + (["--fail"] if fail else [])
+                if hosts not in sizes:
+                    args.append("--plan-only")
+                row = one_run(args, child_env(root))
+                row["fail"] = fail
+                rows.append(row)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     return rows
+
+
+def one_run(args: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """One size in a fresh process."""
+    done = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=False, env=env
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"scale_sim {args}: {done.stderr[-2000:]}")
+    row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return row
 
 
 def run(quick: bool) -> Any:
@@ -236,7 +282,11 @@ def run(quick: bool) -> Any:
         "Teardown: rank 0 fails after 0.5 s, the others run until signalled; "
         "from its failure until every rank exited / until `run_job` returned. "
         "End: from the last rank's exit until `run_job` returned (the job's end recorded, "
-        "the summary ready), in the run where every rank exits 0 / where rank 0 fails.",
+        "the summary ready), in the run where every rank exits 0 / where rank 0 fails. "
+        "The job directories go to one folder in `~/.cache`, removed only after the last run "
+        "(ext4 without a journal skips inodes deleted in the last 30 s when it makes a file: "
+        "8,000 logs removed right before a run made its 8,000 logs cost 0.25 ms each "
+        "instead of 0.015 ms).",
         "",
         f"Machine: {machine_line(machine)}.",
         "",
@@ -329,18 +379,64 @@ def run(quick: bool) -> Any:
     return Section(TITLE, body, charts, summary)
 
 
+def spread(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
+
+
+def compare(baseline: Path, hosts: int, reps: int) -> str:
+    """The end (and the whole job) interleaved: this tree against ``baseline``."""
+    trees = {"before": baseline, "after": HERE.parent}
+    found: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+    root = jobs_root()
+    try:
+        for _ in range(reps):
+            for fail in (False, True):
+                for name, tree in trees.items():
+                    args = ["--one", str(hosts)] + (["--fail"] if fail else [])
+                    row = one_run(args, child_env(root, tree))
+                    found.setdefault((name, fail), []).append(row)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    lines = [f"{hosts:,} simulated hosts, {reps} runs of each, interleaved; medians (min-max):"]
+    for fail in (False, True):
+        for name in trees:
+            rows = found[(name, fail)]
+            lost = sum(1 for r in rows if r["logged_lines"] != r["ranks"] * 10)
+            lines.append(
+                f"  {'rank 0 fails' if fail else 'all exit 0  '} {name:6s}: end "
+                f"{spread([r['end_s'] for r in rows])}, job {spread([r['wall_s'] for r in rows])}, "
+                f"CPU {spread([r['cpu_s'] for r in rows])}"
+                + (f", LOST lines in {lost} runs" if lost else "")
+            )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10, 100 and 300 hosts")
     parser.add_argument("--one", type=int, help="(internal) one size, JSON on stdout")
     parser.add_argument("--fail", action="store_true", help="(internal) rank 0 fails")
     parser.add_argument("--plan-only", action="store_true", help="(internal) plan only")
+    parser.add_argument("--compare", type=Path, help="the end only, against this checkout")
+    parser.add_argument("--hosts", type=int, default=1000, help="with --compare (1000)")
+    parser.add_argument("--reps", type=int, default=5, help="with --compare (5)")
+    parser.add_argument("--write", type=Path, help="replace this benchmark's section there")
+    parser.add_argument("--jobs-in", type=Path, help="the job directories' folder (~/.cache)")
     args = parser.parse_args(argv)
+    if args.jobs_in is not None:
+        os.environ[JOBS_IN] = str(args.jobs_in)
     if args.one is not None:
         print(json.dumps(one(args.one, not args.plan_only, args.fail)))
         return 0
+    if args.compare is not None:
+        print(compare(args.compare, args.hosts, args.reps))
+        return 0
     section = run(args.quick)
     print("\n".join([section.title, "", *section.body]))
+    if args.write is not None:
+        from launch_local import write_section
+
+        write_section(section, args.write)
     return 0
 
 

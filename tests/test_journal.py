@@ -92,7 +92,7 @@ def test_lines_after_the_journal_finished_still_reach_the_job_directory(tmp_path
 def test_thousands_of_ranks_keep_a_bounded_number_of_log_files_open(tmp_path: Path) -> None:
     from launcher.core.command import LaunchSpec
     from launcher.core.hosts import Host
-    from launcher.streams.recorder import MAX_OPEN_LOGS
+    from launcher.streams.logfiles import MAX_OPEN_LOGS
 
     job = JobDir.create(tmp_path, "20261125-000000-abcdef", {})
     recorder = JobRecorder(job)
@@ -100,7 +100,7 @@ def test_thousands_of_ranks_keep_a_bounded_number_of_log_files_open(tmp_path: Pa
     for round_ in range(3):  # every rank's file is closed and reopened between rounds
         for spec in specs:
             recorder.show(spec, "stdout", [b"round %d rank %d" % (round_, spec.rank)])
-            assert len(recorder.files) <= MAX_OPEN_LOGS
+            assert len(recorder.logs.fds) <= MAX_OPEN_LOGS
     recorder.close_files()
     for spec in specs:
         logged = [

@@ -103,11 +103,12 @@ class RankRun:
 
     def lines_of(self, stream: Stream) -> LineSink:
         tail = self.tails[stream]
+        keep = tail.maxlen or 0  # a batch's last lines only: the tail keeps no more
 
         def on_lines(lines: list[bytes]) -> None:
             self.last_output = self.now()
             self.last_line = lines[-1]
-            keep_tail(tail, lines)
+            keep_tail(tail, lines[-keep:] if len(lines) > keep else lines)
             self.output.post_lines(self.spec, stream, lines)
 
         return on_lines

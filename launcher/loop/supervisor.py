@@ -23,7 +23,6 @@ from typing import Any
 
 from launcher.base.clock import Clock, SystemClock
 from launcher.base.log import LOG
-from launcher.base.parallel import run_parallel
 from launcher.core.command import LaunchSpec
 from launcher.core.config import rank_set
 from launcher.core.outcome import JobResult, OutputSink, RankReport, RankState, build_rank_report
@@ -46,6 +45,7 @@ from launcher.core.policy import (
     failed_hosts,
     start_state,
 )
+from launcher.loop.asks import StackDumps, dump_stacks, rank_stats
 from launcher.loop.drain import DrainCut, bounds, drain_streams, judge_output
 from launcher.loop.interpreter import INTERPRETER
 from launcher.loop.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
@@ -58,6 +58,7 @@ __all__ = ["Supervisor", "caught_signals"]
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for exits we may never see
 HANG_STACKS_S = 25.0  # how long taking the stacks of a hung job may take
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+POST_STATES = 1024  # rank states handed to the outlets at once, at most (a burst of exits)
 
 
 @contextmanager
@@ -95,7 +96,6 @@ class TimeLimits:
 
 
 RESTART_COUNTS = ("DTRAIN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
-StackDumps = dict[int, tuple[str, dict[str, Any]]]  # rank -> (host, its stacks or an error)
 
 
 @dataclass(frozen=True)
@@ -103,13 +103,6 @@ class StacksTaken:
     """The stacks of a hung job, taken off the loop (they may take ``HANG_STACKS_S``)."""
 
     dumps: StackDumps
-
-
-def no_stacks(error: BaseException) -> dict[str, Any]:
-    """A rank's stacks that could not be taken: why, as its dump says it."""
-    if isinstance(error, TimeoutError):
-        return {"error": "no answer in time"}
-    return {"error": f"cannot take its stacks: {error}"}
 
 
 class Supervisor:
@@ -161,6 +154,7 @@ class Supervisor:
         self.unsettled: set[int] = set()  # ranks whose watchdog had not exited at the end
         self.kill_cause: str | None = None  # why SIGKILL: the grace ran out, a second signal
         self.drain_cut: DrainCut | None = None  # streams the drain stopped waiting for
+        self.unposted: list[RankState] = []  # states for the outlets, handed on in batches
 
     # -- the loop ---------------------------------------------------------
 
@@ -179,6 +173,7 @@ class Supervisor:
                 self.teardown()
                 self.settle()
                 self.transport.close()
+                self.post_states()
                 self.output.finish_journals()  # the views are the job's to finish
         ends = [
             RankEnd(
@@ -354,6 +349,8 @@ class Supervisor:
         once nothing that came before it is left: thousands of exits queued while the loop
         was busy are exits, not ranks that outlived the grace, to be SIGKILLed)."""
         while True:
+            if self.unposted and (self.events.empty() or len(self.unposted) >= POST_STATES):
+                self.post_states()  # a burst of starts or exits handled: its states at once
             timeout = None if deadline is None else deadline - self.clock.now()
             message: Message | HostsChanged | StacksTaken | None
             if timeout is not None and timeout <= 0:
@@ -387,11 +384,11 @@ class Supervisor:
             LOG.debug(
                 "rank %d started on %s (pid %s)", run.spec.rank, run.spec.host.name, run.process.pid
             )
-            self.output.post_state(run.state)
+            self.unposted.append(run.state)
             return None
         self.record_exit(message)
         LOG.debug("rank %d on %s exited with %s", run.spec.rank, run.spec.host.name, message.status)
-        self.output.post_state(run.state)
+        self.unposted.append(run.state)
         return RankExited(run.spec.rank, message.status, message.time)
 
     def record_exit(self, message: Exit) -> None:
@@ -420,6 +417,12 @@ class Supervisor:
             self.clock, self.events, self.handle, self.every_run, quiet_s, cap_s
         )
 
+    def post_states(self) -> None:
+        """Hand the outlets the rank states not handed on yet, in one batch."""
+        states, self.unposted = self.unposted, []
+        if states:
+            self.output.post_states(states)
+
     def every_run(self) -> list[RankRun]:
         return [*self.retired, *self.runs.values()]
 
@@ -445,6 +448,7 @@ class Supervisor:
                 self.track(spec, process)
             except BaseException as exc:
                 error = error or exc
+        self.post_states()
         if error is not None:
             raise error
 
@@ -463,7 +467,7 @@ class Supervisor:
         self.open_streams += run.open_streams
         if run.started:  # else its pid comes with Started (a remote rank's agent says it)
             LOG.debug("rank %d started on %s (pid %s)", spec.rank, spec.host.name, process.pid)
-        self.output.post_state(state)
+        self.unposted.append(state)
         run.watch(self.output_dir, append=self.append_output)
 
     def restart(self, rank: int) -> None:
@@ -515,45 +519,11 @@ class Supervisor:
         """Every running rank's Python stacks (py-spy, where each rank runs), in parallel."""
         if self.stacks is not None:
             return self.stacks(timeout_s)
-        running = {rank: run for rank, run in list(self.runs.items()) if run.running}
-        # One deadline for all: each answer is due within timeout_s, and one second more to
-        # come back.
-        found = run_parallel(
-            list(running),
-            lambda rank: running[rank].process.dump_stacks(timeout_s),
-            timeout_s=timeout_s + 1,
-        )
-        return {
-            rank: (
-                running[rank].spec.host.name,
-                no_stacks(dump) if isinstance(dump, BaseException) else dump,
-            )
-            for rank, dump in found.items()
-        }
+        return dump_stacks(self.runs, timeout_s)
 
     def stats(self, timeout_s: float) -> dict[int, dict[str, Any]]:
-        """Every rank's figures for ``dtrain top``: host, pid, state, its last line and how long
-        ago, and for running ranks what their processes use (asked where they run)."""
-        now = self.clock.now()
-        rows: dict[int, dict[str, Any]] = {}
-        for rank, run in list(self.runs.items()):
-            rows[rank] = {
-                "host": run.spec.host.name,
-                "role": run.spec.role,
-                "status": run.status,
-                "silent_s": round(now - run.heard(now), 1),
-                "last_line": run.last_line.decode("utf-8", "replace")[-200:],
-            }
-        running = {rank: run for rank, run in list(self.runs.items()) if run.running}
-        used = run_parallel(
-            list(running),
-            lambda rank: running[rank].process.take_stats(timeout_s),
-            timeout_s=timeout_s + 1,
-        )
-        for rank, figures in used.items():
-            if not isinstance(figures, BaseException):  # no answer in time: no figures
-                rows[rank].update(figures)
-        return rows
+        """Every rank's figures for ``dtrain top`` (``asks.rank_stats``)."""
+        return rank_stats(self.runs, self.clock.now(), timeout_s)
 
     def ended_by_us(self, rank: int, status: int | None, ended: float | None = None) -> bool:
         """Did dtrain's own signal end this rank (``ended``: when, if not recorded yet)?  Not

@@ -39,6 +39,13 @@ ENDED_VIEW_BYTES = 4 << 20  # per rank, once every rank ended: what a view may h
 FINISH_POLL_S = 0.1  # how often a finishing wait looks for a signal
 LINE_OVERHEAD_BYTES = 64  # a line's cost beyond its text (list slot, bytes object)
 RESUME_FRACTION = 0.5  # a rank held back is read again once its share is this empty
+TAKE_ITEMS = 256  # a writer takes up to this many items from its queue at once...
+TAKE_BYTES = 1 << 20  # ...and up to this many bytes of lines
+
+
+def lines_size(lines: list[bytes]) -> int:
+    """What a batch of lines costs a queue: their bytes and each line's overhead."""
+    return sum(map(len, lines)) + LINE_OVERHEAD_BYTES * len(lines)  # (C-level, per line)
 
 
 @dataclass(frozen=True)
@@ -101,12 +108,17 @@ class OutputQueue:
         self.closed = False  # no more items will come
         self.done = False  # the writer took the last item: later lines are not queued
         self.abandoned = False  # the sink is gone: take nothing more
+        self.sleeping = 0  # writers waiting for an item (only they need to be woken)
 
-    def put_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> bool:
+    def put_lines(
+        self, spec: LaunchSpec, stream: Stream, lines: list[bytes], size: int | None = None
+    ) -> bool:
         """Queue a rank's lines, without waiting: its reader asks ``when_room`` after (a
         lossy queue drops what does not fit, and counts it).  False: the writer is done
-        (closed and emptied), the lines were not taken."""
-        size = sum(len(line) for line in lines) + LINE_OVERHEAD_BYTES * len(lines)
+        (closed and emptied), the lines were not taken.  ``size``: ``lines_size(lines)``,
+        where the caller has it already."""
+        if size is None:
+            size = lines_size(lines)
         key = (spec.rank, spec.label)
         with self.ready:
             if self.abandoned:
@@ -119,7 +131,8 @@ class OutputQueue:
             # Stamped under the lock: the stamps grow in the queue's order.
             self.items.append(Lines(spec, stream, lines, size, self.clock()))
             self.pending[key] = self.pending.get(key, 0) + size
-            self.ready.notify_all()
+            if self.sleeping:  # (a writer at work takes it without being woken)
+                self.ready.notify_all()
             return True
 
     def is_full(self, key: Key, size: int) -> bool:
@@ -153,41 +166,71 @@ class OutputQueue:
 
     def put_state(self, state: RankState) -> None:
         """Queue a rank's state: never waits (states are few: one per start and exit)."""
+        self.put_states([state])
+
+    def put_states(self, states: Sequence[RankState]) -> None:
+        """Queue several states at once: thousands of ranks start or end together, and each
+        time the lock is taken the writer and the readers, which take it too, may have to
+        give way first."""
         with self.ready:
             if not self.abandoned:
-                self.items.append(state)
+                self.items.extend(states)
                 self.ready.notify_all()
 
     def take(self, deadline: float | None = None) -> tuple[Item | Tick | None, int]:
         """The next item (None once closed and empty; ``TICK`` when ``deadline``, a time on
         the queue's clock, passed first), and the lines dropped before it.  A tick says that
         nothing was posted before ``deadline`` that was not taken."""
+        taken, dropped = self.take_batch(deadline, limit=1)
+        return (taken[0] if isinstance(taken, list) else taken), dropped
+
+    def take_batch(
+        self, deadline: float | None = None, limit: int = TAKE_ITEMS
+    ) -> tuple[list[Item] | Tick | None, int]:
+        """``take``, for up to ``limit`` items (and ``TAKE_BYTES`` of lines) at once: one
+        lock round trip for many batches, where thousands of ranks or a fast one keep the
+        writer busy.  What is taken leaves the rank's share at once (its reader may go on):
+        the writer holds at most this much beyond the queue's bound."""
         with self.ready:
             while not self.items and not self.closed and not self.abandoned:
-                if deadline is None:
-                    self.ready.wait()
-                    continue
-                left = deadline - self.clock()
-                if left <= 0:
+                left = None if deadline is None else deadline - self.clock()
+                if left is not None and left <= 0:
                     dropped, self.dropped = self.dropped, 0
                     return TICK, dropped
-                self.ready.wait(left)
+                self.sleeping += 1
+                try:
+                    self.ready.wait(left)
+                finally:
+                    self.sleeping -= 1
             dropped, self.dropped = self.dropped, 0
+            taken: list[Item] | None = None
             if not self.items or self.abandoned:
                 self.done = True  # decided under the lock: nothing more is queued after this
                 self.ready.notify_all()
-                item: Item | None = None
                 resumed = self.freed()
             else:
-                item = self.items.popleft()
-                resumed = []
-                if isinstance(item, Lines):
-                    key = (item.spec.rank, item.spec.label)
-                    self.pending[key] -= item.size
-                    resumed = self.freed(key)
+                taken, resumed = self.pop_batch(limit)
         for on_room in resumed:  # a reader stopped for this rank goes on with it
             on_room()
-        return item, dropped
+        return taken, dropped
+
+    def pop_batch(self, limit: int) -> tuple[list[Item], list[Callable[[], None]]]:
+        """Under the lock: the first items (at least one), and the callbacks of the ranks
+        they made room for."""
+        taken: list[Item] = []
+        size = 0
+        held: set[Key] = set()  # ranks whose readers wait for room
+        pending = self.pending
+        while self.items and len(taken) < limit and size < TAKE_BYTES:
+            item = self.items.popleft()
+            taken.append(item)
+            if isinstance(item, Lines):
+                key = (item.spec.rank, item.spec.label)
+                pending[key] -= item.size
+                size += item.size
+                if key in self.waiting:
+                    held.add(key)
+        return taken, [on_room for key in held for on_room in self.freed(key)]
 
     def close(self) -> None:
         with self.ready:
@@ -244,11 +287,13 @@ class Outlet:
         self.thread = threading.Thread(target=self.write, name=f"dtrain-{name}", daemon=True)
         self.thread.start()
 
-    def post_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def post_lines(
+        self, spec: LaunchSpec, stream: Stream, lines: list[bytes], size: int | None = None
+    ) -> None:
         """Queue the lines.  Once the writer is done, a journal still gets them, written here
         after everything queued before (a rank's reader may outlive the job's end: the drain
         stopped waiting for it); a view's are dropped (the job finished the view)."""
-        if self.queue.put_lines(spec, stream, lines) or self.is_view:
+        if self.queue.put_lines(spec, stream, lines, size) or self.is_view:
             return
         self.thread.join()  # the writer ends once it has written what was queued
         with self.late:
@@ -266,28 +311,37 @@ class Outlet:
         timed = self.sink if isinstance(self.sink, TimedSink) else None
         while True:
             deadline = timed.next_due() if timed is not None else None
-            item, dropped = self.queue.take(deadline)
+            taken, dropped = self.queue.take_batch(deadline)
             try:
                 if dropped and self.on_drop is not None:
                     self.on_drop(dropped)
-                if item is None:
+                if taken is None:
                     if timed is not None and not self.queue.abandoned:
                         timed.flush()
                     return
-                if isinstance(item, Tick):
+                if isinstance(taken, Tick):
                     assert timed is not None  # only a timed sink gives take a deadline
                     timed.tick(deadline)
-                elif isinstance(item, Lines):
-                    if timed is not None:
-                        timed.show_at(item.spec, item.stream, item.lines, item.posted)
-                    else:
-                        self.sink.show(item.spec, item.stream, item.lines)
                 else:
-                    self.sink.update(item)
+                    self.hand_on(taken, timed)
             except BaseException as exc:  # the sink failed: the job goes on without it
                 self.error = exc
                 self.queue.abandon()
                 return
+
+    def hand_on(self, items: list[Item], timed: TimedSink | None) -> None:
+        """Give the sink each item taken, in order."""
+        sink = self.sink
+        for item in items:
+            if self.queue.abandoned:
+                return  # (given up on meanwhile: nothing more is shown)
+            if isinstance(item, Lines):
+                if timed is not None:
+                    timed.show_at(item.spec, item.stream, item.lines, item.posted)
+                else:
+                    sink.show(item.spec, item.stream, item.lines)
+            else:
+                sink.update(item)
 
     def finish(self, timeout_s: float | None, stop: threading.Event | None = None) -> bool:
         """Let the writer empty the queue: at most ``timeout_s``, and once ``stop`` is set (a
@@ -325,8 +379,9 @@ class Fanout:
 
     def post_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         """Queue a rank's lines in every outlet (never waits: ask ``when_room`` after)."""
+        size = lines_size(lines)  # (once for all outlets: a pass over every line)
         for outlet in self.outlets:
-            outlet.post_lines(spec, stream, lines)
+            outlet.post_lines(spec, stream, lines, size)
 
     def when_room(self, spec: LaunchSpec, on_room: Callable[[], None]) -> bool:
         """True: every outlet has room for more of this rank.  False: one is full; its
@@ -343,6 +398,10 @@ class Fanout:
     def post_state(self, state: RankState) -> None:
         for outlet in self.outlets:
             outlet.queue.put_state(state)
+
+    def post_states(self, states: Sequence[RankState]) -> None:
+        for outlet in self.outlets:
+            outlet.queue.put_states(states)
 
     def let_views_lag(self) -> None:
         """Every rank has exited: what is still in flight (a pipe's worth, an agent's window)

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
-from typing import Any, BinaryIO
+from typing import Any
 
 from launcher.core.command import LaunchSpec
 from launcher.core.outcome import JobResult, RankReport, RankState, Stream
@@ -29,10 +29,11 @@ from launcher.streams.jobdir import (
     write_json,
     write_text,
 )
+from launcher.streams.logfiles import LogFiles
 
 STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 STATUS_EVERY_S = 0.25  # while a job runs, status.json is rewritten at most this often
-MAX_OPEN_LOGS = 256  # rank logs kept open (append mode: one closed and reopened loses nothing)
+CREATE_AHEAD_RANKS = 64  # a job of more ranks has their logs created while it starts
 
 
 class JobRecorder:
@@ -55,10 +56,12 @@ class JobRecorder:
         self.status_written = -math.inf  # when status.json was last written (monotonic)
         self.pending: threading.Timer | None = None  # the write that ends a burst
         self.ended = False  # the job's end is recorded: nothing may overwrite it
-        self.files_closed = False  # the job ended: a late line opens its file for itself
-        self.files: dict[str, BinaryIO] = {}
+        self.logs = LogFiles(job.path)  # the rank logs' descriptors
         self.failed = False
         self.ranks: dict[int, str] = {}  # each rank's state, as status.json shows it (JSON)
+        # States not yet encoded: a rank starts, runs and exits within one interval, and
+        # thousands do at once; only the state that is written is encoded (once).
+        self.changed: dict[int, RankState] = {}
         self.launcher_pid = os.getpid()
         self.launcher_start = process_start(self.launcher_pid)
         # A restart's recorder keeps the job's start: `dtrain jobs` times all its attempts.
@@ -69,29 +72,20 @@ class JobRecorder:
     def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
         if self.failed:
             return
-        key = spec.label or str(spec.rank)  # mpirun's own lines go to mpirun.log
         prefix = b"%.6f %s " % (self.clock(), STREAM_CODES[stream])
-        batch = b"".join(lines)
-        if b"\r" in batch:
+        # One C-level join per batch, and one write: this runs for every line of every rank.
+        # (The prefix holds neither a \r nor the result mark: the block tells for its lines.)
+        block = prefix + (b"\n" + prefix).join(lines) + b"\n"
+        if b"\r" in block or (RESULT_MARK in block and stream == "stdout"):
             lines = [line for line in lines if not line.endswith(b"\r")]
-        if RESULT_MARK in batch and stream == "stdout":
-            lines = self.keep_results(spec, lines)
-        if not lines:
-            return
+            if stream == "stdout":
+                lines = self.keep_results(spec, lines)
+            if not lines:
+                return
+            block = prefix + (b"\n" + prefix).join(lines) + b"\n"
+        name = f"{spec.label}.log" if spec.label else f"rank.{spec.rank}.log"
         try:
-            file = None if self.files_closed else self.files.pop(key, None)
-            if file is None:
-                name = f"{spec.label}.log" if spec.label else self.job.log_path(spec.rank).name
-                file = open_private(self.job.path / name)
-                if len(self.files) >= MAX_OPEN_LOGS:  # thousands of ranks: not one fd each
-                    self.files.pop(next(iter(self.files))).close()  # the least recently used
-            if not self.files_closed:
-                self.files[key] = file  # (last: the most recently used)
-            # One C-level join per batch: this runs for every line of every rank.
-            file.write(prefix + (b"\n" + prefix).join(lines) + b"\n")
-            file.flush()
-            if self.files_closed:  # a line after the job's end (its reader had waited)
-                file.close()
+            self.logs.append(name, block)
         except OSError:
             # A full disk must not kill the training: the job goes on without its log.
             self.failed = True
@@ -111,9 +105,8 @@ class JobRecorder:
         return [line for line in lines if not is_result_line(line)]
 
     def update(self, state: RankState) -> None:
-        encoded = json.dumps(vars(state))  # a flat record: each state encoded once, not per write
         with self.status_lock:
-            self.ranks[state.rank] = encoded
+            self.changed[state.rank] = state  # encoded when written: the last state only
             wait_s = self.status_written + self.status_every_s - time.monotonic()
             if wait_s > 0:
                 if self.pending is None:
@@ -136,6 +129,8 @@ class JobRecorder:
 
     def write_plan(self, entries: Sequence[Mapping[str, object]]) -> None:
         write_json(self.job.path / "plan.json", list(entries))
+        if len(entries) > CREATE_AHEAD_RANKS:  # their files made while the job starts
+            self.logs.create_ahead([f"rank.{entry['rank']}.log" for entry in entries])
 
     def write_status(self, state: str, exit_code: int | None) -> None:
         self.status_written = time.monotonic()
@@ -150,17 +145,16 @@ class JobRecorder:
             "updated": self.clock(),
             **({"result": self.result} if self.result is not None else {}),
         }
+        if self.changed:  # (flat records: json's C encoder, one call per rank)
+            encode = json.JSONEncoder().encode
+            self.ranks.update({r: encode(vars(s)) for r, s in self.changed.items()})
+            self.changed.clear()
         ranks = ",\n".join(f'"{r}": {s}' for r, s in sorted(self.ranks.items()))
         text = json.dumps(head, indent=1)[:-2] + ',\n "ranks": {\n' + ranks + "\n}\n}"
         write_text(self.job.path / "status.json", text)
 
     def close_files(self) -> None:
-        self.files_closed = True
-        for file in self.files.values():
-            try:
-                file.close()
-            except OSError:
-                pass
+        self.logs.close()
 
     def end_status(self, state: str, exit_code: int | None) -> None:
         """The job's end, written at once; no pending write comes after it."""
