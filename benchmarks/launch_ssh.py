@@ -64,8 +64,10 @@ from ssh_scale import (  # noqa: E402
     SCALE_HOSTS,
     ScaleReport,
     chart_lines,
+    ratio,
     render_scale,
     run_scale,
+    spread,
 )
 
 SECTION_TITLE = "## Launch over SSH: dtrain vs mpirun"
@@ -142,18 +144,7 @@ class Phases:
 
 def spread_ms(values: Sequence[float]) -> str:
     """``median (min-max)`` of seconds, in ms; ``—`` for none."""
-    if not values:
-        return "—"
-    text = f"{statistics.median(values) * 1000:.0f}"
-    if len(values) > 1:
-        text += f" ({min(values) * 1000:.0f}-{max(values) * 1000:.0f})"
-    return text
-
-
-def ratio(dtrain: float | None, mpirun: float | None) -> str:
-    if dtrain is None or mpirun is None or mpirun == 0:
-        return "—"
-    return f"{dtrain / mpirun:.2f}"
+    return spread(values)
 
 
 def fmt_ms(value: float | None) -> str:

@@ -240,6 +240,11 @@ def test_x_pattern_copies_a_family_of_variables(project: Path) -> None:
         # (a mistake in [sweep] is said by dtrain run too: the whole file is checked)
         ("[sweep]\nmax_parallel = 1.5\n", "../../dtrain.toml:2: [sweep] max_parallel = 1.5: exp"),
         ("[run]\nmax_restarts = -1\n", "../../dtrain.toml:2: [run] max_restarts = -1: -1 is "),
+        (  # a share, not a duration (it said "a number of seconds", e.g. 30)
+            '[run]\nstraggler_ratio = "x"\n',
+            '../../dtrain.toml:2: [run] straggler_ratio = "x": expected a number between 0 '
+            "and 1 (hint: write e.g. straggler_ratio = 0.7)",
+        ),
     ],
 )
 def test_a_mistake_in_the_file_is_one_line_with_its_line(

@@ -230,6 +230,7 @@ def keys_of(command: click.Command) -> dict[str, Key]:
     import click
 
     from launcher.cli.keywords import option_flags
+    from launcher.cli.options import Share
     from launcher.core.projectfile import Key
 
     keys: dict[str, Key] = {}
@@ -247,6 +248,8 @@ def keys_of(command: click.Command) -> dict[str, Key]:
             kind, choices = "choice", tuple(map(str, param.type.choices))
         elif isinstance(param.type, click.types.IntParamType):
             kind = "int"
+        elif isinstance(param.type, Share):
+            kind = "share"
         elif isinstance(param.type, click.types.FloatParamType):
             kind = "seconds"
         else:

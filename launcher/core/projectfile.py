@@ -55,7 +55,7 @@ RIVALS: tuple[frozenset[str], ...] = (
 REPLACES = {"rdzv_endpoint": frozenset({"master_addr", "master_port"})}  # torchrun's spelling
 MPI_ONLY = frozenset({"mca", "mpirun", "mpirun_args"})  # a file's: used when the job is MPI
 
-Kind = Literal["flag", "int", "seconds", "text", "choice", "pairs", "env"]
+Kind = Literal["flag", "int", "seconds", "share", "text", "choice", "pairs", "env"]
 PathKind = Literal["file", "program"]  # program: a path when it has a '/', else a command
 
 
@@ -220,6 +220,7 @@ SINGLE: dict[Kind, tuple[str, type | tuple[type, ...]]] = {
     "flag": ("true or false", bool),
     "int": ("a whole number", int),
     "seconds": ("a number of seconds", (int, float)),
+    "share": ("a number between 0 and 1", (int, float)),
     "text": ("a string", (str, int)),  # (nnodes = 2, nproc_per_node = 4: counts as text)
     "choice": ("a string", str),
 }
@@ -280,7 +281,7 @@ def example(key: Key) -> str:
         return 'env = ["PYTHONPATH", "WANDB_*", "NCCL_DEBUG=INFO"]'
     if key.kind == "pairs":
         return f'{key.name} = {{btl = "tcp,self"}}'
-    value = {"flag": "true", "int": "2", "seconds": "30"}.get(key.kind)
+    value = {"flag": "true", "int": "2", "seconds": "30", "share": "0.7"}.get(key.kind)
     if value is None:
         value = json.dumps(key.choices[0]) if key.choices else '"..."'
     return f"{key.name} = [{value}, {value}]" if key.multiple else f"{key.name} = {value}"
