@@ -40,6 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -136,10 +137,29 @@ def peak_sampler(into: dict[str, int], stop: threading.Event) -> None:
         into["fds"] = max(into.get("fds", 0), len(os.listdir("/proc/self/fd")))
 
 
-def run_job_once(hosts: int, job_dir: Path, fail: bool) -> dict[str, Any]:
-    from simtransport import SimHosts, SimTransport, sim_survey
+def run_simulated(
+    transport: Any,
+    hosts: int,
+    job_dir: Path,
+    environ: Mapping[str, str] = MappingProxyType({"PATH": "/usr/bin:/bin", "HOME": "/root"}),
+) -> Any:
+    """The real job layer's ``run_job`` over ``hosts`` simulated hosts, through ``transport``
+    (a ``SimTransport``); its outcome."""
+    from simtransport import sim_survey
 
     from launcher.run.job import run_job
+
+    return run_job(
+        config_for(hosts, job_dir),
+        dict(environ),
+        QuietFrontend(),  # type: ignore[arg-type]
+        survey=sim_survey,
+        transports=lambda survey, config, env: transport,
+    )
+
+
+def run_job_once(hosts: int, job_dir: Path, fail: bool) -> dict[str, Any]:
+    from simtransport import SimHosts, SimTransport
 
     sim = SimHosts(run_s=None if fail else 0.2, fail_rank=0 if fail else None)
     transport = SimTransport(sim)
@@ -150,13 +170,7 @@ def run_job_once(hosts: int, job_dir: Path, fail: bool) -> dict[str, Any]:
     sampler.start()
     base_rss = current_rss()  # dtrain loaded and the hosts planned once: before any rank
     cpu0, began = time.process_time(), time.monotonic()
-    outcome = run_job(
-        config_for(hosts, job_dir),
-        {"PATH": "/usr/bin:/bin", "HOME": "/root"},
-        QuietFrontend(),  # type: ignore[arg-type]
-        survey=sim_survey,
-        transports=lambda survey, config, environ: transport,
-    )
+    outcome = run_simulated(transport, hosts, job_dir)
     ended, cpu = time.monotonic(), time.process_time() - cpu0
     stop.set()
     sampler.join()

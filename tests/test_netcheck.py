@@ -38,7 +38,7 @@ from launcher.run.netcheck import Conversation, run_allreduce
 from launcher.transport.lineprogram import LineProgram, start_here
 from launcher.view.netview import network_lines
 from tests.conftest import run_dtrain, start_dtrain
-from tests.testhosts import TestHosts, processes_in
+from tests.testhosts import TestHosts
 
 MB = 1e6
 FAST, SLOW = 300 * MB, 6 * MB
@@ -440,16 +440,7 @@ def test_check_network_on_this_machine_and_against_a_floor(
 
 def netchecks_on(hosts: TestHosts) -> dict[str, list[int]]:
     """The netcheck programs and their torch children left on each test host."""
-    found: dict[str, list[int]] = {}
-    for name in hosts.names:
-        for pid in processes_in(name):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"dtrain-netcheck" in cmdline or b"dtrain-netreduce" in cmdline:
-                found.setdefault(name, []).append(pid)
-    return found
+    return hosts.running((b"dtrain-netcheck", b"dtrain-netreduce"))
 
 
 def wait_for_netchecks(

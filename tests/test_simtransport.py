@@ -23,19 +23,11 @@ def test_every_simulated_rank_starts_prints_and_exits(tmp_path: Path) -> None:
 
 
 def test_a_failing_simulated_rank_stops_every_other(tmp_path: Path) -> None:
-    from simtransport import SimHosts, SimTransport, sim_survey
-
-    from launcher.run.job import run_job
+    from simtransport import SimHosts, SimTransport
 
     transport = SimTransport(SimHosts(run_s=None, fail_rank=3, fail_after_s=0.2))
     transport.expected = 4 * scale_sim.RANKS_PER_HOST
-    outcome = run_job(
-        scale_sim.config_for(4, tmp_path),
-        {"PATH": "/usr/bin"},
-        scale_sim.QuietFrontend(),  # type: ignore[arg-type]
-        survey=sim_survey,
-        transports=lambda survey, config, environ: transport,
-    )
+    outcome = scale_sim.run_simulated(transport, 4, tmp_path, {"PATH": "/usr/bin"})
     result = outcome.result  # type: ignore[union-attr]
     assert result.exit_code == 1
     assert result.failure is not None and result.failure.rank == 3
@@ -55,9 +47,7 @@ def test_the_interpreter_keeps_pace_with_thousands_of_ranks_and_is_given_back(
     collector's reach.  After the job, the process's own settings are back."""
     import gc
 
-    from simtransport import SimHosts, SimTransport, sim_survey
-
-    from launcher.run.job import run_job
+    from simtransport import SimHosts, SimTransport
 
     seen: dict[str, list[object]] = {"collecting": [], "switch_s": [], "frozen": []}
 
@@ -75,13 +65,7 @@ def test_the_interpreter_keeps_pace_with_thousands_of_ranks_and_is_given_back(
     transport = Watching(SimHosts())
     transport.expected = 2 * scale_sim.RANKS_PER_HOST
     assert gc.isenabled() and gc.get_freeze_count() == 0
-    outcome = run_job(
-        scale_sim.config_for(2, tmp_path),
-        {"PATH": "/usr/bin"},
-        scale_sim.QuietFrontend(),  # type: ignore[arg-type]
-        survey=sim_survey,
-        transports=lambda survey, config, environ: transport,
-    )
+    outcome = scale_sim.run_simulated(transport, 2, tmp_path, {"PATH": "/usr/bin"})
     assert outcome.result.exit_code == 0  # type: ignore[union-attr]
     assert seen["collecting"] == [False] * transport.expected
     assert all(during < switch_s for during in seen["switch_s"])  # type: ignore[operator]

@@ -38,16 +38,7 @@ def ssh(hosts: TestHosts) -> list[str]:
 def watchdogs_on(hosts: TestHosts, names: tuple[bytes, ...] = (b"dtrain-remote",)) -> list[int]:
     """dtrain agents and watchdogs left on the test hosts (BOOTSTRAP in their command line),
     or other processes whose command line has one of ``names``."""
-    found = []
-    for name in hosts.names:
-        for pid in processes_in(name):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if any(needle in cmdline for needle in names):
-                found.append(pid)
-    return found
+    return [pid for pids in hosts.running(names).values() for pid in pids]
 
 
 def assert_nothing_left(hosts: TestHosts, mark: str) -> None:

@@ -661,6 +661,19 @@ class TestHosts:
             return []
         return sorted([pid, *_descendants(pid)])
 
+    def running(self, needles: Sequence[bytes]) -> dict[str, list[int]]:
+        """Host -> pids on it whose command line holds one of ``needles``."""
+        found: dict[str, list[int]] = {}
+        for name in self.names:
+            for pid in self.processes(name):
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if any(needle in cmdline for needle in needles):
+                    found.setdefault(name, []).append(pid)
+        return found
+
     def leftovers(self) -> list[int]:
         """Pids on any host other than its sshd master (netns mode: one pass over /proc for
         every host, where ``processes`` costs an ``ip`` per host): what a job left behind."""
