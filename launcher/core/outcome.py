@@ -7,9 +7,9 @@ the job directory (``streams/recorder.py``) and the view (``launcher/view/``) re
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 if TYPE_CHECKING:
     from launcher.core.command import LaunchSpec
@@ -20,6 +20,70 @@ PROGRESS = b"\r"  # kept at the end of a line a bare \r ended: a progress update
 READ_BYTES = 256 * 1024  # one read of a rank's pipe or stream (logs.py, transport/feeds.py)
 TAIL_LINES = 20  # kept per rank and stream for the failure report
 TAIL_LINE_BYTES = 4096  # of each such line: memory stays bounded whatever a rank prints
+
+
+class LineBatch(Sequence[bytes]):
+    """Whole lines a rank printed, kept as one block: ``data`` is the lines joined by
+    ``b"\\n"`` (no newline after the last), and holds no ``\\r`` (no progress update).
+
+    A chunk of plain lines travels from the pipe to every sink as the bytes it came in: a
+    sink that tags or timestamps lines does it with one ``bytes.replace`` over ``data``,
+    and only a sink that looks at lines one by one makes them (``lines``: once, kept).
+    Splitting millions of lines into objects was most of what heavy output cost.
+    """
+
+    __slots__ = ("data", "nlines", "parts")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.nlines = -1  # counted when asked (a count is a pass over the bytes)
+        self.parts: list[bytes] | None = None
+
+    @property
+    def lines(self) -> list[bytes]:
+        if self.parts is None:
+            self.parts = self.data.split(b"\n")
+        return self.parts
+
+    def __bool__(self) -> bool:
+        return True  # (at least one line: asking needs no count)
+
+    def __len__(self) -> int:
+        if self.nlines < 0:
+            self.nlines = len(self.parts) if self.parts is not None else self.data.count(b"\n") + 1
+        return self.nlines
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if self.parts is None:
+            # The last lines (a tail, a step, a rank's last line) without splitting them all.
+            if isinstance(index, int) and index == -1:
+                return self.data[self.data.rfind(b"\n") + 1 :]
+            if (
+                isinstance(index, slice)
+                and index.step is None
+                and index.stop is None
+                and index.start is not None
+                and index.start < 0
+            ):
+                return self.data.rsplit(b"\n", -index.start)[index.start :]
+        return self.lines[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.lines)
+
+    def __repr__(self) -> str:
+        return f"LineBatch({self.data!r})"
+
+
+def batch_lines(lines: Sequence[bytes]) -> bytes:
+    """Lines joined by ``b"\\n"``: a batch's own bytes, or one join."""
+    return lines.data if isinstance(lines, LineBatch) else b"\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -75,7 +139,7 @@ class JobResult:
 class OutputSink(Protocol):
     """Where the supervisor sends what happens: output lines and rank states."""
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None: ...
+    def show(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None: ...
 
     def update(self, state: RankState) -> None: ...
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeGuard
@@ -105,10 +105,10 @@ class RankRun:
         tail = self.tails[stream]
         keep = tail.maxlen or 0  # a batch's last lines only: the tail keeps no more
 
-        def on_lines(lines: list[bytes]) -> None:
+        def on_lines(lines: Sequence[bytes]) -> None:
             self.last_output = self.now()
             self.last_line = lines[-1]
-            keep_tail(tail, lines[-keep:] if len(lines) > keep else lines)
+            keep_tail(tail, lines[-keep:])  # (a batch's last lines, without splitting it all)
             self.output.post_lines(self.spec, stream, lines)
 
         return on_lines
@@ -122,7 +122,7 @@ class RankRun:
             self.last_data = self.now()
             return data
 
-        def on_lines(lines: list[bytes]) -> None:
+        def on_lines(lines: Sequence[bytes]) -> None:
             post(lines)
             self.wait_for_room()
 

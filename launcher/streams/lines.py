@@ -11,10 +11,10 @@ replacement of invalid UTF-8) happens where text is shown.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
-from launcher.core.outcome import PROGRESS, READ_BYTES
+from launcher.core.outcome import PROGRESS, READ_BYTES, LineBatch
 
 if TYPE_CHECKING:
     pass
@@ -32,7 +32,7 @@ class LineFramer:
         self.pieces: list[bytes] = []  # chunks of a long line that has no break yet
         self.pieces_size = 0
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes) -> Sequence[bytes]:
         if b"\n" not in data and b"\r" not in data and not self.partial.endswith(b"\r"):
             # No break: just collect (joining per chunk would make long lines quadratic).
             self.pieces.append(data)
@@ -40,6 +40,14 @@ class LineFramer:
             if self.pieces_size + len(self.partial) <= self.max_line_bytes:
                 return []
             data = b""
+        partial = self.partial
+        if not self.pieces and b"\r" not in data and not partial.endswith(b"\r"):
+            # Plain lines (most output): one batch of their bytes, not a bytes object a
+            # line, and one copy (the partial line before them joined to them).
+            cut = data.rfind(b"\n")
+            if cut >= 0 and len(data) - cut - 1 <= self.max_line_bytes:
+                self.partial = data[cut + 1 :]
+                return LineBatch(b"".join((partial, memoryview(data)[:cut])))
         if self.pieces:
             data = b"".join(self.pieces) + data
             self.pieces, self.pieces_size = [], 0
@@ -50,6 +58,12 @@ class LineFramer:
         hold_cr = buf.endswith(b"\r")
         if hold_cr:
             buf = buf[:-1]
+        if b"\r" not in buf:  # (plain lines after pieces of a long one)
+            cut = buf.rfind(b"\n")
+            if cut >= 0 and len(buf) - cut - 1 <= self.max_line_bytes:
+                rest = buf[cut + 1 :]
+                self.partial = rest + b"\r" if hold_cr else rest
+                return LineBatch(buf[:cut])
         parts = split_lines(buf)
         rest = parts.pop()
         if len(rest) > self.max_line_bytes:
@@ -83,7 +97,7 @@ def split_lines(buf: bytes) -> list[bytes]:
     return lines
 
 
-LineSink = Callable[[list[bytes]], None]
+LineSink = Callable[[Sequence[bytes]], None]
 
 
 class LinePump:

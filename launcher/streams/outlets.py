@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from launcher.core.outcome import OutputSink, RankState, Stream
+from launcher.core.outcome import LineBatch, OutputSink, RankState, Stream
 
 if TYPE_CHECKING:
     from launcher.core.command import LaunchSpec
@@ -43,8 +43,10 @@ TAKE_ITEMS = 256  # a writer takes up to this many items from its queue at once.
 TAKE_BYTES = 1 << 20  # ...and up to this many bytes of lines
 
 
-def lines_size(lines: list[bytes]) -> int:
+def lines_size(lines: Sequence[bytes]) -> int:
     """What a batch of lines costs a queue: their bytes and each line's overhead."""
+    if isinstance(lines, LineBatch):  # one bytes object however many lines it holds
+        return len(lines.data) + LINE_OVERHEAD_BYTES
     return sum(map(len, lines)) + LINE_OVERHEAD_BYTES * len(lines)  # (C-level, per line)
 
 
@@ -52,7 +54,7 @@ def lines_size(lines: list[bytes]) -> int:
 class Lines:
     spec: LaunchSpec
     stream: Stream
-    lines: list[bytes]
+    lines: Sequence[bytes]
     size: int
     posted: float  # when they were queued (the queue's clock: ``time.monotonic``)
 
@@ -74,7 +76,7 @@ class TimedSink(Protocol):
     batch with the time it was posted, asks it until when it holds lines (on the queue's
     clock), ticks it then if nothing came meanwhile, and flushes it at the end."""
 
-    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes], at: float) -> None:
         """The lines, posted at ``at``."""
 
     def next_due(self) -> float | None:
@@ -111,7 +113,7 @@ class OutputQueue:
         self.sleeping = 0  # writers waiting for an item (only they need to be woken)
 
     def put_lines(
-        self, spec: LaunchSpec, stream: Stream, lines: list[bytes], size: int | None = None
+        self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes], size: int | None = None
     ) -> bool:
         """Queue a rank's lines, without waiting: its reader asks ``when_room`` after (a
         lossy queue drops what does not fit, and counts it).  False: the writer is done
@@ -288,7 +290,7 @@ class Outlet:
         self.thread.start()
 
     def post_lines(
-        self, spec: LaunchSpec, stream: Stream, lines: list[bytes], size: int | None = None
+        self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes], size: int | None = None
     ) -> None:
         """Queue the lines.  Once the writer is done, a journal still gets them, written here
         after everything queued before (a rank's reader may outlive the job's end: the drain
@@ -377,7 +379,7 @@ class Fanout:
     def __init__(self, outlets: Sequence[Outlet]) -> None:
         self.outlets = list(outlets)
 
-    def post_lines(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def post_lines(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None:
         """Queue a rank's lines in every outlet (never waits: ask ``when_room`` after)."""
         size = lines_size(lines)  # (once for all outlets: a pass over every line)
         for outlet in self.outlets:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from launcher.base.log import LOG
 from launcher.core.command import LaunchSpec
@@ -39,7 +39,7 @@ class ProgressBoard:
         """``sink``, with every line and state it gets seen by the board first."""
         return ProgressTap(sink, self)
 
-    def observe(self, spec: LaunchSpec, lines: list[bytes]) -> None:
+    def observe(self, spec: LaunchSpec, lines: Sequence[bytes]) -> None:
         """A batch of a rank's lines (on the tapped sink's writer thread)."""
         if spec.label or self.broken:  # (mpirun's own lines are no rank's)
             return
@@ -102,7 +102,7 @@ class ProgressTap:
         self.sink = sink
         self.board = board
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def show(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None:
         try:
             self.board.observe(spec, lines)
         except Exception as exc:  # a bug here must not cost the job its logs

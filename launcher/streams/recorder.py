@@ -18,7 +18,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from launcher.core.command import LaunchSpec
-from launcher.core.outcome import JobResult, RankReport, RankState, Stream
+from launcher.core.outcome import JobResult, LineBatch, RankReport, RankState, Stream
 from launcher.core.results import RESULT_MARK, RESULTS_FOLDER, is_result_line, result_file_name
 from launcher.streams.jobdir import (
     RUNNING,
@@ -34,6 +34,12 @@ from launcher.streams.logfiles import LogFiles
 STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 STATUS_EVERY_S = 0.25  # while a job runs, status.json is rewritten at most this often
 CREATE_AHEAD_RANKS = 64  # a job of more ranks has their logs created while it starts
+
+
+def may_hold_results(text: bytes) -> bool:
+    """Could a line of ``text`` be a function's result?  (Its first byte, a record separator,
+    is looked for first: one ``memchr`` where the whole mark would be a slower search.)"""
+    return RESULT_MARK[:1] in text and RESULT_MARK in text
 
 
 class JobRecorder:
@@ -69,14 +75,19 @@ class JobRecorder:
         self.started = float(earlier) if isinstance(earlier, int | float) else clock()
         self.result: dict[str, Any] | None = None  # how it ended, for dtrain logs' summary
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def show(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None:
         if self.failed:
             return
         prefix = b"%.6f %s " % (self.clock(), STREAM_CODES[stream])
         # One C-level join per batch, and one write: this runs for every line of every rank.
         # (The prefix holds neither a \r nor the result mark: the block tells for its lines.)
-        block = prefix + (b"\n" + prefix).join(lines) + b"\n"
-        if b"\r" in block or (RESULT_MARK in block and stream == "stdout"):
+        if isinstance(lines, LineBatch):  # plain lines (no \r): stamped in one pass over them
+            block = b"".join((prefix, lines.data.replace(b"\n", b"\n" + prefix), b"\n"))
+            special = stream == "stdout" and may_hold_results(lines.data)
+        else:
+            block = prefix + (b"\n" + prefix).join(lines) + b"\n"
+            special = b"\r" in block or (stream == "stdout" and may_hold_results(block))
+        if special:
             lines = [line for line in lines if not line.endswith(b"\r")]
             if stream == "stdout":
                 lines = self.keep_results(spec, lines)
@@ -90,7 +101,7 @@ class JobRecorder:
             # A full disk must not kill the training: the job goes on without its log.
             self.failed = True
 
-    def keep_results(self, spec: LaunchSpec, lines: list[bytes]) -> list[bytes]:
+    def keep_results(self, spec: LaunchSpec, lines: Sequence[bytes]) -> Sequence[bytes]:
         """What ``launcher.launch``'s function returned or raised (``core/results.py``) goes
         to ``results/rank.N``, not to the rank's log; the other lines are returned."""
         results = [line for line in lines if is_result_line(line)]

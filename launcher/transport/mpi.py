@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -254,7 +254,7 @@ class RankCopies:
         except OSError:
             self.failed = True
 
-    def write(self, rank: int, stream: Stream, lines: list[bytes]) -> None:
+    def write(self, rank: int, stream: Stream, lines: Sequence[bytes]) -> None:
         if self.failed:
             return
         try:
@@ -316,11 +316,11 @@ class MpiOutput(PassesTiming):
                 dataclasses.replace(state, rank=rank, host=spec.host.name, role=spec.role)
             )
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def show(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None:
         self.show_at(spec, stream, lines, None)
 
     def show_at(
-        self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float | None
+        self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes], at: float | None
     ) -> None:
         """mpirun's lines, posted at ``at`` (None: now), split by rank for the view."""
         batch: list[bytes] = []
@@ -339,7 +339,7 @@ class MpiOutput(PassesTiming):
             self.forward(current, batch, at)
 
     def split(
-        self, stream: Stream, lines: list[bytes]
+        self, stream: Stream, lines: Sequence[bytes]
     ) -> Iterator[tuple[tuple[int, Stream], bytes]]:
         """Each line's pieces by rank: mpirun writes a rank's partial line (unittest's dots)
         and then another rank's tag on the same line; NUL bytes (from Open MPI's messages)
@@ -355,7 +355,7 @@ class MpiOutput(PassesTiming):
                 which: Stream = "stdout" if tag[2] == b"stdout" else "stderr"
                 yield (int(tag[1]), which), line[tag.end() : end]
 
-    def forward(self, key: tuple[int, Stream], lines: list[bytes], at: float | None) -> None:
+    def forward(self, key: tuple[int, Stream], lines: Sequence[bytes], at: float | None) -> None:
         rank, stream = key
         if rank >= 0 and self.copies is not None:
             self.copies.write(rank, stream, lines)

@@ -9,15 +9,16 @@ out: they go to the job directory only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, TextIO
 
 from launcher.core.command import LaunchSpec
 from launcher.core.config import ViewConfig
-from launcher.core.outcome import OutputSink, Stream
+from launcher.core.outcome import OutputSink, Stream, batch_lines
 from launcher.core.plan import Plan
-from launcher.core.results import is_result_line
+from launcher.core.results import RESULT_MARK, is_result_line
 from launcher.view.frontend import LineFilter, TerminalFrontend
 
 
@@ -47,7 +48,7 @@ class CallerFrontend(TerminalFrontend):
 class ResultsLeftOut(LineFilter):
     """A view's sink without the function's result lines (the job directory keeps them)."""
 
-    def kept(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> list[bytes]:
-        if stream != "stdout":
+    def kept(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> Sequence[bytes]:
+        if stream != "stdout" or RESULT_MARK not in batch_lines(lines):
             return lines
         return [line for line in lines if not is_result_line(line)]

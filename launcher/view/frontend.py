@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, TextIO, cast
+from typing import Any, BinaryIO, TextIO, cast
 
 from launcher.core.command import LaunchSpec
 from launcher.core.config import ViewConfig, parse_ranks
@@ -24,6 +24,7 @@ from launcher.view.lineviews import (
 from launcher.view.liveview import LiveView
 
 GONE_ERRNOS = (errno.EIO, errno.EPIPE)  # a hung-up terminal; a pipe whose reader left
+ASCII_COMPATIBLE = frozenset({"utf-8", "utf8", "ascii", "us-ascii", "latin-1", "iso8859-1"})
 
 
 class TerminalFile:
@@ -35,12 +36,28 @@ class TerminalFile:
     def __init__(self, file: TextIO) -> None:
         self.file = file
         self.gone = False
+        # The bytes under the text, where ASCII is written as it is (an ASCII-compatible
+        # encoding): rank output, mostly ASCII, then skips a decode and an encode per batch.
+        encoding = getattr(file, "encoding", None) or ""
+        buffer = getattr(file, "buffer", None)
+        compatible = encoding.lower().replace("_", "-") in ASCII_COMPATIBLE
+        self.raw: BinaryIO | None = buffer if compatible else None
 
     def write(self, text: str) -> int:
         if not self.gone:
             with self.dropped_when_gone():
                 self.file.write(text)
         return len(text)
+
+    def write_ascii(self, data: bytes) -> bool:
+        """Write ASCII ``data`` as bytes.  False: this file takes text only (write that)."""
+        if self.raw is None:
+            return False
+        if not self.gone:
+            with self.dropped_when_gone():
+                self.file.flush()  # (text written before goes first)
+                self.raw.write(data)
+        return True
 
     def flush(self) -> None:
         if not self.gone:
@@ -198,15 +215,15 @@ class LineFilter(PassesTiming):
         self.view = view
         self.timed = view if isinstance(view, TimedSink) else None
 
-    def kept(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> list[bytes]:
+    def kept(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> Sequence[bytes]:
         return lines
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def show(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None:
         lines = self.kept(spec, stream, lines)
         if lines:
             self.view.show(spec, stream, lines)
 
-    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes], at: float) -> None:
         lines = self.kept(spec, stream, lines)
         if not lines:
             return
@@ -245,5 +262,5 @@ class RankFilter(LineFilter):
             return False
         return self.local_ranks is None or spec.local_rank in self.local_ranks
 
-    def kept(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> list[bytes]:
+    def kept(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> Sequence[bytes]:
         return lines if self.is_shown(spec, stream) else []

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from launcher.core.command import LaunchSpec
 from launcher.core.config import rank_set
-from launcher.core.outcome import RankState, Stream
+from launcher.core.outcome import LineBatch, RankState, Stream
 from launcher.streams.collapse import Collapsed, Collapser
 from launcher.view.terminal import forced_terminal, rich_overrides, terminal_color_system
 
@@ -96,14 +96,14 @@ class LineView:
             )
             self.files["stderr"].flush()
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def show(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None:
         self.write(self.prefix(spec, stream), spec.rank, stream, lines)
 
     def show_group(
         self,
         specs: Sequence[LaunchSpec],
         stream: Stream,
-        lines: list[bytes],
+        lines: Sequence[bytes],
         at: float | None = None,
     ) -> None:
         """Lines that several ranks said alike, once, tagged with their rank set; ``at``:
@@ -116,27 +116,32 @@ class LineView:
             return self.prefix(specs[0], stream, at)
         return self.group_prefix(specs, stream, at)
 
-    def write(self, prefix: str, rank: int, stream: Stream, lines: list[bytes]) -> None:
+    def write(self, prefix: str, rank: int, stream: Stream, lines: Sequence[bytes]) -> None:
         file = self.files[stream]
         if file in self.broken:
             return
         marker = ("\n" + prefix).encode()
-        block = marker[1:] + marker.join(lines) + b"\n"
-        if b"\r" in block:  # progress bars to thin and markers to drop: line by line
-            if any(line.endswith(b"\r") for line in lines):
-                lines = self.thin_bars((rank, stream), lines)
-                if not lines:
-                    return
-            block = "".join(prefix + line + "\n" for line in decode_lines(lines)).encode()
+        if isinstance(lines, LineBatch):  # plain lines (no \r): tagged in one pass over them
+            block = b"".join((marker[1:], lines.data.replace(b"\n", marker), b"\n"))
+        else:
+            block = marker[1:] + marker.join(lines) + b"\n"
+            if b"\r" in block:  # progress bars to thin and markers to drop: line by line
+                if any(line.endswith(b"\r") for line in lines):
+                    lines = self.thin_bars((rank, stream), lines)
+                    if not lines:
+                        return
+                block = "".join(prefix + line + "\n" for line in decode_lines(lines)).encode()
         try:
-            # One decode per batch; a bad UTF-8 sequence cannot swallow the "\n" after it.
-            file.write(block.decode("utf-8", "replace"))
+            write_ascii = getattr(file, "write_ascii", None)  # (a TerminalFile's)
+            if write_ascii is None or not block.isascii() or not write_ascii(block):
+                # One decode per batch; a bad UTF-8 sequence cannot swallow the "\n" after it.
+                file.write(block.decode("utf-8", "replace"))
             file.flush()
         except BrokenPipeError:
             # The reader went away (`| head`): the job goes on, its output no longer shown.
             self.broken.add(file)
 
-    def thin_bars(self, key: tuple[int, Stream], lines: list[bytes]) -> list[bytes]:
+    def thin_bars(self, key: tuple[int, Stream], lines: Sequence[bytes]) -> list[bytes]:
         """Progress-bar states (lines a bare ``\\r`` ends) at most once a second per rank, so a
         piped log is not mostly bar states; the line that ends a bar always shows."""
         kept = []
@@ -233,7 +238,7 @@ class LineView:
         return Style(color=color).render(text, color_system=system)
 
 
-def decode_lines(lines: list[bytes]) -> list[str]:
+def decode_lines(lines: Sequence[bytes]) -> list[str]:
     """Lines as text (invalid UTF-8 replaced), progress markers dropped; one decode per batch."""
     joined = b"\n".join(lines)
     text = joined.decode("utf-8", "replace").split("\n")
@@ -277,7 +282,7 @@ class JsonLinesView:
         self.out = out
         self.clock = clock
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def show(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None:
         now = round(self.clock(), 6)
         base: dict[str, object] = {"time": now, "host": spec.host.name, "rank": spec.rank}
         base["role"] = spec.role
@@ -295,7 +300,7 @@ class JsonLinesView:
         self,
         specs: Sequence[LaunchSpec],
         stream: Stream,
-        lines: list[bytes],
+        lines: Sequence[bytes],
         at: float | None = None,
     ) -> None:
         """Collapsed lines: the first rank's fields and every rank in ``ranks``; ``time`` is
@@ -325,7 +330,7 @@ class JsonLinesView:
 class QuietView:
     """``--quiet``: nothing but the summary (the job directory still has everything)."""
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def show(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None:
         """Output is kept in the job directory only."""
 
     def update(self, state: RankState) -> None:
@@ -358,16 +363,16 @@ class CollapsingView:
         self.now = -math.inf  # the latest time seen: the collapser's clock never goes back
         self.shown_at = -math.inf  # the wall time of the latest group shown
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def show(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None:
         self.show_at(spec, stream, lines, self.clock())
 
-    def show_at(self, spec: LaunchSpec, stream: Stream, lines: list[bytes], at: float) -> None:
+    def show_at(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes], at: float) -> None:
         if spec.label:  # mpirun's own lines are nobody's rank: shown as they come
             self.view.show(spec, stream, lines)
             return
         self.specs[spec.rank] = spec
         self.now = max(self.now, at)
-        self.emit(self.collapser.add_lines(spec.rank, stream, lines, self.now))
+        self.emit(self.collapser.add_lines(spec.rank, stream, list(lines), self.now))
 
     def update(self, state: RankState) -> None:
         self.view.update(state)

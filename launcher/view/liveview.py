@@ -157,14 +157,14 @@ class LiveView:
             except (BrokenPipeError, ValueError):
                 pass
 
-    def show(self, spec: LaunchSpec, stream: Stream, lines: list[bytes]) -> None:
+    def show(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> None:
         self.show_group((spec,), stream, lines)
 
     def show_group(
         self,
         specs: Sequence[LaunchSpec],
         stream: Stream,
-        lines: list[bytes],
+        lines: Sequence[bytes],
         at: float | None = None,
     ) -> None:
         """Lines of one rank, or lines several ranks said alike (tagged with their set)."""
@@ -175,7 +175,7 @@ class LiveView:
         self,
         specs: Sequence[LaunchSpec],
         stream: Stream,
-        lines: list[bytes],
+        lines: Sequence[bytes],
         at: float | None = None,
     ) -> None:
         finished = [line for line in lines if not line.endswith(b"\r")]
