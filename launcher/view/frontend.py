@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, BinaryIO, TextIO, cast
 
@@ -45,33 +45,37 @@ class TerminalFile:
 
     def write(self, text: str) -> int:
         if not self.gone:
-            with self.dropped_when_gone():
+            try:
                 self.file.write(text)
+            except OSError as exc:
+                self.drop_when_gone(exc)
         return len(text)
 
     def write_ascii(self, data: bytes) -> bool:
-        """Write ASCII ``data`` as bytes.  False: this file takes text only (write that)."""
+        """Write ASCII ``data`` as bytes, flushed.  False: this file takes text only."""
         if self.raw is None:
             return False
         if not self.gone:
-            with self.dropped_when_gone():
+            try:
                 self.file.flush()  # (text written before goes first)
                 self.raw.write(data)
+                self.raw.flush()
+            except OSError as exc:
+                self.drop_when_gone(exc)
         return True
 
     def flush(self) -> None:
         if not self.gone:
-            with self.dropped_when_gone():
+            try:
                 self.file.flush()
+            except OSError as exc:
+                self.drop_when_gone(exc)
 
-    @contextlib.contextmanager
-    def dropped_when_gone(self) -> Iterator[None]:
-        try:
-            yield
-        except OSError as exc:
-            if exc.errno not in GONE_ERRNOS:
-                raise
-            self.gone = True
+    def drop_when_gone(self, exc: OSError) -> None:
+        """(Plain try/except at each write, not a context manager: they run per batch.)"""
+        if exc.errno not in GONE_ERRNOS:
+            raise exc
+        self.gone = True
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding...: the file's
         return getattr(self.file, name)

@@ -132,11 +132,11 @@ class LineView:
                         return
                 block = "".join(prefix + line + "\n" for line in decode_lines(lines)).encode()
         try:
-            write_ascii = getattr(file, "write_ascii", None)  # (a TerminalFile's)
+            write_ascii = getattr(file, "write_ascii", None)  # (a TerminalFile's: flushed)
             if write_ascii is None or not block.isascii() or not write_ascii(block):
                 # One decode per batch; a bad UTF-8 sequence cannot swallow the "\n" after it.
                 file.write(block.decode("utf-8", "replace"))
-            file.flush()
+                file.flush()
         except BrokenPipeError:
             # The reader went away (`| head`): the job goes on, its output no longer shown.
             self.broken.add(file)
