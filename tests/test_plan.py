@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from launcher.base.errors import PlanError
+from launcher.core.command import build_launch_specs
 from launcher.core.hosts import Host
 from launcher.core.plan import (
     BindTo,
@@ -19,6 +22,7 @@ from launcher.core.plan import (
     plan_ps,
     plan_ranks,
     select_hosts,
+    with_hosts,
 )
 
 A, B, C = Host("a", 2), Host("b", 2), Host("c", 1)
@@ -411,3 +415,29 @@ def test_elastic_world_size_below_the_minimum() -> None:
     with pytest.raises(PlanError, match="fewer than the 8 ranks") as caught:
         elastic_np([Host("h0", 4)], 8, None, None)  # no --min-np: the whole job or nothing
     assert caught.value.hint == "add hosts, or allow a smaller job with --min-np"
+
+
+def test_with_hosts_moves_each_rank_to_its_counted_host_and_keeps_the_rest() -> None:
+    plan = bind_gpus(plan_ranks([Host("a", 2), B], np=4), {"a": ("0", "1"), "b": ("0", "1")})
+    counted_a = Host("a", 2, gpus=("0", "1"), max_slots=2)  # (what a survey hands back)
+    moved = with_hosts(plan, [counted_a])
+    for before, after in zip(plan.ranks, moved.ranks, strict=True):
+        want = counted_a if before.host.name == "a" else before.host
+        assert after == dataclasses.replace(before, host=want)  # every other field kept
+        assert after.host is want
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        moved.ranks[0].host = B  # type: ignore[misc]
+    assert moved.ranks[2] is plan.ranks[2]  # a rank whose host stays is not copied
+
+
+def test_specs_run_in_their_hosts_folders() -> None:
+    plan = plan_ranks([A, B], np=3)
+    specs = build_launch_specs(
+        plan, ["train.py"], lambda r: {}, cwd="/here", workdirs={"b": "/sync/b"}
+    )
+    assert [(s.host.name, s.cwd) for s in specs] == [
+        ("a", "/here"),
+        ("a", "/here"),
+        ("b", "/sync/b"),
+    ]
+    assert all(s.argv == ("train.py",) for s in specs)

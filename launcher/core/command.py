@@ -34,18 +34,23 @@ def build_launch_specs(
     cwd: str | None = None,
     env_unset: Sequence[str] = (),
     argv_for: Callable[[Rank], Sequence[str]] | None = None,
+    workdirs: Mapping[str, str] | None = None,
 ) -> list[LaunchSpec]:
-    """One spec per rank of ``plan``, running ``argv`` (or ``argv_for(rank)``)."""
+    """One spec per rank of ``plan``, running ``argv`` (or ``argv_for(rank)``) in ``cwd`` (or
+    in its host's folder in ``workdirs``, by host name)."""
+    unset = tuple(env_unset)
+    every_argv = tuple(argv)
+    folders = workdirs or {}
     return [
         LaunchSpec(
             rank=r.rank,
             host=r.host,
             local_rank=r.local_rank,
-            argv=tuple(argv_for(r) if argv_for else argv),
+            argv=tuple(argv_for(r)) if argv_for else every_argv,
             role=r.role,
             env=make_env(r),
-            cwd=cwd,
-            env_unset=tuple(env_unset),
+            cwd=folders.get(r.host.name, cwd),
+            env_unset=unset,
             gpus=r.gpus,
             node_rank=r.node_rank,
             task=r.task_index,

@@ -10,7 +10,7 @@ as arguments, so tables of inputs and outputs test it.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from launcher.core.command import LaunchSpec, build_launch_specs
 from launcher.core.config import JobConfig
@@ -119,9 +119,9 @@ def build_job_specs(
         cwd=cwd,
         env_unset=PROXY_VARIABLES if config.tf_ps else (),
         argv_for=rank_argv(config, site, server),
+        workdirs=site.workdirs,  # --sync: a remote rank runs in its host's copy of the folder
     )
-    # --sync: a remote rank runs in its host's copy of the folder
-    return [replace(s, cwd=site.workdirs.get(s.host.name, cwd)) for s in specs]
+    return specs
 
 
 def error_files(plan: Plan, site: Site, job_path: str | None) -> dict[int, str]:
