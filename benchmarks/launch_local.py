@@ -14,12 +14,19 @@ the order turning each round) after one warm-up round that is not counted.
   Python), ``--plain``: before and after; ``--baseline-tree DIR`` takes a checkout that
   is already there instead (nothing is added to git).
 
+dtrain runs as a user's install runs it: its ``dtrain`` console script in a virtual
+environment of its own (made in a scratch folder, the same Python) whose ``.pth`` file puts
+the checkout and this environment's packages (click, rich...) on ``sys.path``; not this
+checkout's development install (``pip install -e``), whose import hook (setuptools'
+editable finder: ``pathlib``, ``importlib.util``...) every start of ``.venv/bin/dtrain``
+loads first.  The baseline runs the same way from its own tree.  ``--dev-install`` times
+``.venv/bin/dtrain`` instead.
+
 Every dtrain run gets a fresh ``--job-dir`` root (the job directory is part of its work).
-Every launcher runs in a scratch directory (``python -m`` puts its working directory
-first on ``sys.path``: the baseline must not import this checkout).
+Every launcher runs in a scratch directory.
 
     python benchmarks/launch_local.py [--quick | --reps N] [--baseline REF | --baseline-tree DIR]
-        [--write docs/benchmarks.md]
+        [--dev-install] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -57,14 +65,57 @@ TARGET_MPIRUN = 4.0  # dtrain at most 4x mpirun's wall time
 TARGET_TORCHRUN = 0.05  # ...and at most 0.05x torchrun's
 
 
-def dtrain_argv(tree: Path | None, extra: Sequence[str], job_root: Path) -> list[str]:
-    """``python -m launcher`` of ``tree`` (None: this checkout, as the ``dtrain`` script)."""
-    launcher = [str(BIN / "dtrain")] if tree is None else [sys.executable, "-m", "launcher"]
-    return [*launcher, "run", "-np", str(RANKS), *extra, "--job-dir", str(job_root), "true"]
+# pip's console script, as ``pip install`` writes it for ``[project.scripts]``.
+CONSOLE_SCRIPT = """#!{python}
+# -*- coding: utf-8 -*-
+import re
+import sys
+from {module} import {function}
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit({function}())
+"""
+
+
+def install(tree: Path, into: Path) -> Path:
+    """``tree`` installed as a user's ``pip install`` leaves it (a virtual environment
+    whose ``.pth`` names the tree, and this one's packages for its dependencies, and a
+    ``dtrain`` console script); the script's path."""
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base_python, "-m", "venv", "--without-pip", str(into)], check=True)
+    python = into / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    ours = sysconfig.get_paths()["purelib"]  # click, rich...: not this folder's .pth files
+    (Path(site) / "dtrain.pth").write_text(f"{tree}\n{ours}\n")
+    module, function = entry_point(tree).split(":")
+    script = into / "bin" / "dtrain"
+    script.write_text(CONSOLE_SCRIPT.format(python=python, module=module, function=function))
+    script.chmod(0o755)
+    return script
+
+
+def entry_point(tree: Path) -> str:
+    """The ``dtrain`` script's ``module:function`` in ``tree``'s pyproject.toml."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    with open(tree / "pyproject.toml", "rb") as file:
+        return str(tomllib.load(file)["project"]["scripts"]["dtrain"])
+
+
+def dtrain_argv(script: Path, extra: Sequence[str], job_root: Path) -> list[str]:
+    return [str(script), "run", "-np", str(RANKS), *extra, "--job-dir", str(job_root), "true"]
 
 
 def configurations(
-    baseline: Path | None, scratch: Path
+    baseline: Path | None, scratch: Path, dev_install: bool = False
 ) -> list[tuple[Series, Callable[[], Sample]]]:
     env = bench_env()
     term_env = bench_env({"TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"})
@@ -78,16 +129,16 @@ def configurations(
     ]
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", str(RANKS), "--no-python", "true"]
 
-    def dtrain(tree: Path | None, extra: Sequence[str], terminal: bool) -> Callable[[], Sample]:
+    ours = BIN / "dtrain" if dev_install else install(REPO, scratch / "installed")
+
+    def dtrain(script: Path, extra: Sequence[str], terminal: bool) -> Callable[[], Sample]:
         run_env = dict(term_env if terminal else env)
-        if tree is not None:
-            run_env["PYTHONPATH"] = str(tree)
 
         def run() -> Sample:
             root = Path(tempfile.mkdtemp(dir=scratch))
             try:
                 return run_launcher(
-                    dtrain_argv(tree, extra, root), run_env, terminal=terminal, cwd=scratch
+                    dtrain_argv(script, extra, root), run_env, terminal=terminal, cwd=scratch
                 )
             finally:
                 shutil.rmtree(root, ignore_errors=True)
@@ -97,9 +148,9 @@ def configurations(
     found = [
         (
             Series("dtrain --plain", f"dtrain run -np {RANKS} --plain true"),
-            dtrain(None, ["--plain"], False),
+            dtrain(ours, ["--plain"], False),
         ),
-        (Series("dtrain (live view, pty)", f"dtrain run -np {RANKS} true"), dtrain(None, [], True)),
+        (Series("dtrain (live view, pty)", f"dtrain run -np {RANKS} true"), dtrain(ours, [], True)),
         (
             Series("mpirun", " ".join(["mpirun", *mpirun[1:]])),
             lambda: run_launcher(mpirun, env, cwd=scratch),
@@ -116,7 +167,7 @@ def configurations(
                     "dtrain --plain, before",
                     f"dtrain run -np {RANKS} --plain true (at {baseline.name})",
                 ),
-                dtrain(baseline, ["--plain"], False),
+                dtrain(install(baseline, scratch / "installed-baseline"), ["--plain"], False),
             )
         )
     return found
@@ -142,13 +193,16 @@ def remove_baseline(tree: Path) -> None:
 
 
 def measure(
-    reps: int, baseline_ref: str | None, baseline_tree: Path | None = None
+    reps: int,
+    baseline_ref: str | None,
+    baseline_tree: Path | None = None,
+    dev_install: bool = False,
 ) -> tuple[list[Series], dict[str, str]]:
     scratch = Path(tempfile.mkdtemp(prefix="dtrain-bench-launch-"))
     made = make_baseline(baseline_ref, scratch) if baseline_ref else None
     baseline = made or baseline_tree
     try:
-        pairs = configurations(baseline, scratch)
+        pairs = configurations(baseline, scratch, dev_install)
         series = [s for s, _ in pairs]
         runs = [r for _, r in pairs]
         for run in runs:  # warm-up: caches, bytecode; not counted
@@ -163,7 +217,9 @@ def measure(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def render(series: list[Series], machine: dict[str, str], reps: int, command: str) -> Section:
+def render(
+    series: list[Series], machine: dict[str, str], reps: int, command: str, dev_install: bool
+) -> Section:
     by_name = {s.name: s for s in series}
     wall = lambda s: s.wall_s  # noqa: E731
     mpirun, torchrun = by_name["mpirun"].median(wall), by_name["torchrun"].median(wall)
@@ -190,7 +246,15 @@ def render(series: list[Series], machine: dict[str, str], reps: int, command: st
         "one log per rank) in every run; mpirun and torchrun keep no record. On the pty the "
         "live status region starts 0.3 s into a job: one this short prints its tagged lines and "
         "one closing status line without loading rich (the region itself is tested in "
-        "tests/test_terminal.py).",
+        "tests/test_terminal.py). "
+        + (
+            "dtrain is this checkout's development install (`.venv/bin/dtrain`, `pip install "
+            "-e`: setuptools' import hook loads first at every start)."
+            if dev_install
+            else "dtrain runs as a user's install does: its console script in a virtual "
+            "environment of its own, the checkout on its path (not the development install's "
+            "import hook)."
+        ),
         "",
         f"Machine: {machine_line(machine)}.",
         "",
@@ -244,15 +308,18 @@ def run(
     baseline: str | None = None,
     baseline_tree: Path | None = None,
     reps: int | None = None,
+    dev_install: bool = False,
 ) -> Section:
     reps = reps or (5 if quick else 15)
-    series, machine = measure(reps, baseline, baseline_tree)
+    series, machine = measure(reps, baseline, baseline_tree, dev_install)
     command = "python benchmarks/launch_local.py" + (" --quick" if quick else "")
     if baseline:
         command += f" --baseline {baseline}"
     elif baseline_tree is not None:
         command += f" --baseline-tree {baseline_tree}"
-    return render(series, machine, reps, command)
+    if dev_install:
+        command += " --dev-install"
+    return render(series, machine, reps, command, dev_install)
 
 
 def write_section(section: Section, doc: Path) -> None:
@@ -274,9 +341,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--baseline-tree", type=Path, help="also time dtrain from this checkout (not git-made)"
     )
+    parser.add_argument(
+        "--dev-install",
+        action="store_true",
+        help="time this checkout's .venv/bin/dtrain (pip install -e) instead of an install",
+    )
     parser.add_argument("--write", type=Path, help="replace this benchmark's section there")
     args = parser.parse_args(argv)
-    section = run(args.quick, args.baseline, args.baseline_tree, args.reps)
+    section = run(args.quick, args.baseline, args.baseline_tree, args.reps, args.dev_install)
     print("\n".join([section.title, "", *section.body]))
     if args.write is not None:
         write_section(section, args.write)

@@ -1,6 +1,6 @@
 """``python -m launcher`` is ``dtrain``."""
 
-from launcher.cli.main import run_main
+from launcher.cli.entry import run_main
 
 if __name__ == "__main__":
     run_main()

@@ -1,7 +1,8 @@
 """A local launch loads and does only what it uses (issue 28, "Local launch"): the other
-commands' modules stay unloaded, the collector leaves the job's modules alone, a forked
-watchdog hands the rank its environment as it is, and the agent's end is awaited without
-polling.  What each saves is measured by benchmarks/launch_local.py, not here."""
+commands' modules stay unloaded, the collector leaves start-up and the job's modules alone,
+the local agent loads no enum, a forked watchdog hands the rank its environment as it is,
+and the agent's end is awaited without polling.  What each saves is measured by
+benchmarks/launch_local.py, not here."""
 
 from __future__ import annotations
 
@@ -71,6 +72,57 @@ def test_a_plain_local_launch_loads_no_other_command_and_no_hashing(tmp_path: Pa
     # after a dry run, which starts no rank).
     assert seen["collecting"] is True
     assert seen["frozen"] == [0, 0]
+
+
+def run_python(code: str, *flags: str) -> str:
+    """The last line ``code`` printed, run in a new interpreter (the test's environment)."""
+    out = subprocess.run(
+        [sys.executable, *flags, "-c", code],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_start_up_loads_with_the_collector_off_and_gives_it_back() -> None:
+    code = (
+        "import gc, json, sys\n"
+        "during = []\n"
+        "def seen(phase, info):\n"  # a collection while codecache.py's imports load
+        "    cache = sys.modules.get('launcher.base.codecache')\n"
+        "    if phase == 'start' and cache is not None and not hasattr(cache, 'install'):\n"
+        "        during.append(info['generation'])\n"
+        "gc.callbacks.append(seen)\n"
+        "import launcher\n"
+        "api = [gc.isenabled(), gc.get_freeze_count()]\n"  # a program's import: as it was
+        "gc.collect()\n"
+        "later = []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and later.append(1))\n"
+        "from launcher.cli import entry\n"
+        "main = entry.load_cli()\n"  # the dtrain command: click, the commands, the options
+        "print(json.dumps({'during': during, 'api': api, 'later': later,\n"
+        "    'after': [gc.isenabled(), gc.get_freeze_count() > 0, hasattr(main, 'run_main')]}))\n"
+    )
+    seen = json.loads(run_python(code))
+    assert seen["during"] == []
+    assert seen["api"] == [True, 0]  # (nothing frozen for a program that imports dtrain)
+    assert seen["later"] == []
+    assert seen["after"] == [True, True, True]
+
+
+def test_the_local_agent_loads_no_enum() -> None:
+    from launcher.transport.localagent import SERVE
+
+    # What the agent loads before it serves (serve() adds C modules only).
+    code = SERVE.replace(
+        "watchdog.serve()",
+        "watchdog.load_libc(); print(sorted({'enum', 'signal', 're'} & set(sys.modules)))",
+    )
+    assert code != SERVE
+    assert run_python(code, "-I", "-S") == "[]"
 
 
 def test_the_other_commands_load_when_named_or_listed() -> None:

@@ -34,7 +34,6 @@ import _signal  # type: ignore[import-not-found]  # (CPython's; no stub)
 import _thread
 import errno
 import os
-import signal
 import sys
 import time
 
@@ -45,13 +44,22 @@ if TYPE_CHECKING:
     from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
-# ``signal.signal`` without its wrapper, which turns numbers into enums and back: a third
-# of a millisecond of each watchdog the local agent forks.  (It takes plain numbers:
-# ``_signal.SIG_DFL``, not the enum ``signal.SIG_DFL``.)
+# ``_signal``, not ``signal``: the module ``signal`` turns its numbers into enums as it loads
+# (``enum``, ``functools``, ``collections``: about 5 ms of the local agent's start, and of
+# every watchdog started alone), and its wrapper turns them into enums and back at every
+# call (a third of a millisecond of each watchdog the local agent forks).  The C module
+# takes and gives plain numbers.
 set_handler = _signal.signal
+SIGTERM: int = _signal.SIGTERM
+SIGINT: int = _signal.SIGINT
+SIGHUP: int = _signal.SIGHUP
+SIGKILL: int = _signal.SIGKILL
+SIGCHLD: int = _signal.SIGCHLD
+SIGPIPE: int = _signal.SIGPIPE
+SIGXFSZ: int = _signal.SIGXFSZ
 POLL_S = 0.05
 LENGTH_DIGITS = 10
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = (SIGTERM, SIGINT, SIGHUP)
 
 # ``python -c BOOTSTRAP`` reads a length-prefixed program from stdin and runs it.
 BOOTSTRAP = (
@@ -188,7 +196,7 @@ def end_leftovers(pgid: int, grace_s: float) -> None:
     """SIGTERM what the program left behind, then SIGKILL after ``grace_s``."""
     if not rank_processes(pgid):
         return
-    signal_all(pgid, signal.SIGTERM)
+    signal_all(pgid, SIGTERM)
     deadline = time.monotonic() + grace_s
     while rank_processes(pgid) and time.monotonic() < deadline:
         time.sleep(POLL_S)
@@ -197,7 +205,7 @@ def end_leftovers(pgid: int, grace_s: float) -> None:
     # children (new pids, orphaned to us, the subreaper) that one round would miss.
     deadline = time.monotonic() + KILL_ROUNDS_S
     while True:
-        signal_all(pgid, signal.SIGKILL)
+        signal_all(pgid, SIGKILL)
         reap_any()
         if not rank_processes(pgid) or time.monotonic() > deadline:
             return
@@ -223,14 +231,14 @@ def watch_control(pgid: int, grace_s: float) -> None:
             try:
                 signum = int(line)
                 signal_all(pgid, signum)
-                if signum == signal.SIGKILL:
-                    os.killpg(pgid, signal.SIGKILL)  # this process included
+                if signum == SIGKILL:
+                    os.killpg(pgid, SIGKILL)  # this process included
             except (ValueError, OSError):
                 continue
-    signal_all(pgid, signal.SIGTERM)
+    signal_all(pgid, SIGTERM)
     time.sleep(grace_s)
-    signal_all(pgid, signal.SIGKILL)
-    os.killpg(pgid, signal.SIGKILL)
+    signal_all(pgid, SIGKILL)
+    os.killpg(pgid, SIGKILL)
 
 
 # The launcher's variables that name a folder, or a file whose folder must be there.
@@ -310,7 +318,7 @@ def start_program(argv: list[str], env: "Mapping[str, str]") -> int:
             argv,
             env,
             # Python ignores SIGPIPE and SIGXFSZ; the program must get the defaults.
-            setsigdef=(*STOP_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ),
+            setsigdef=(*STOP_SIGNALS, SIGPIPE, SIGXFSZ),
             file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)],
         )
     except OSError as exc:
@@ -447,8 +455,8 @@ def serve() -> None:
     sock = _socket.socket(fileno=0)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the poll
+    _signal.set_wakeup_fd(wake_write)
+    set_handler(SIGCHLD, lambda signum, frame: None)  # wakes the poll
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(wake_read, select.POLLIN)
@@ -527,8 +535,8 @@ def receive_request(sock: "_socket.socket") -> "tuple[dict[str, Any], list[int]]
 def become_watchdog(spec: "dict[str, Any]", fds: "list[int]", sock: "_socket.socket") -> None:
     """In the forked child: take the rank's pipes and environment, then watch its program."""
     try:
-        signal.set_wakeup_fd(-1)
-        set_handler(signal.SIGCHLD, _signal.SIG_DFL)
+        _signal.set_wakeup_fd(-1)
+        set_handler(SIGCHLD, _signal.SIG_DFL)
         sock.detach()  # fd 0, replaced by the lifeline
         status = take_pipes(fds)
         # The rank's environment goes to the program as it is: rewriting os.environ here
