@@ -72,3 +72,31 @@ def test_the_interpreter_keeps_pace_with_thousands_of_ranks_and_is_given_back(
     assert any(seen["frozen"])  # (ranks that ended before the start was over: not yet)
     assert gc.isenabled() and gc.get_freeze_count() == 0
     assert sys.getswitchinterval() == switch_s
+
+
+def test_the_simulators_scheduler_is_woken_only_by_an_earlier_event() -> None:
+    """Thousands of starts each schedule an event after the first: the scheduler's thread
+    is not woken for each (it took the GIL and its lock from the launcher's loop every
+    time, a cost of the simulation counted as dtrain's); every event still fires, in
+    order."""
+    import functools
+    import threading
+    import time
+
+    from simtransport import Scheduler
+
+    scheduler = Scheduler()
+    fired: list[int] = []
+    done = threading.Event()
+    soon = time.monotonic() + 0.2
+    try:
+        for i in range(100):  # each after the one before
+            scheduler.at(soon + i * 0.001, functools.partial(fired.append, i))
+        assert scheduler.wakes == 1
+        scheduler.at(soon - 0.1, functools.partial(fired.append, -1))  # before them all
+        scheduler.at(soon + 0.2, done.set)
+        assert scheduler.wakes == 2
+        assert done.wait(10)
+        assert fired == [-1, *range(100)]
+    finally:
+        scheduler.stop()

@@ -114,6 +114,8 @@ def judge_output(
     (255 when a lost host cut them, as for a lost host; else 1)."""
     causes: dict[str, list[int]] = {}
     for run in runs:
+        if not run.cut:  # (most runs: thousands at a job's end)
+            continue
         for cause in sorted(set(run.cut.values())):
             why = f"their host was lost before it ended ({cause})"
             causes.setdefault(why, []).append(run.spec.rank)

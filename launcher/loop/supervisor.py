@@ -42,6 +42,7 @@ from launcher.core.policy import (
     TimedOut,
     decide,
     describe_status,
+    evolve,
     failed_hosts,
     start_state,
 )
@@ -175,19 +176,19 @@ class Supervisor:
                 self.transport.close()
                 self.post_states()
                 self.output.finish_journals()  # the views are the job's to finish
+        return self.result(state, started)
+
+    def result(self, state: JobState, started: float) -> JobResult:
+        """The attempt's result, once every rank has ended (one pass over thousands of ranks
+        for each figure: the job's end is recorded only after this)."""
+        stopped = self.stopped_by_us()
         ends = [
-            RankEnd(
-                r.spec.host.name,
-                r.status,
-                r.process.cause is not None,
-                self.ended_by_us(rank, r.status),
-            )
+            RankEnd(r.spec.host.name, r.status, r.process.cause is not None, rank in stopped)
             for rank, r in self.runs.items()
         ]
-        runs = self.every_run()
         if self.drain_cut is not None and self.drain_cut.signum is not None:
             state = replace(state, interrupt=state.interrupt or self.drain_cut.signum)
-        incomplete, exit_code = judge_output(runs, self.drain_cut, state.exit_code)
+        incomplete, exit_code = judge_output(self.every_run(), self.drain_cut, state.exit_code)
         return JobResult(
             exit_code=exit_code,
             world_size=len(self.specs),
@@ -195,8 +196,8 @@ class Supervisor:
             failure=self.report(state.failure.rank) if state.failure else None,
             interrupt=state.interrupt,
             statuses={r: run.status for r, run in self.runs.items()},
-            stopped=len(self.stopped_by_us()),
-            sigkilled=len(self.sigkilled & self.stopped_by_us()),
+            stopped=len(stopped),
+            sigkilled=len(self.sigkilled & stopped),
             kill_cause=self.kill_cause,
             timeout=state.timeout,
             rescale=state.rescale,
@@ -380,7 +381,7 @@ class Supervisor:
             return None
         if isinstance(message, Started):
             run.started = True
-            run.state = replace(run.state, pid=run.process.pid)
+            run.state = evolve(run.state, pid=run.process.pid)
             LOG.debug(
                 "rank %d started on %s (pid %s)", run.spec.rank, run.spec.host.name, run.process.pid
             )
@@ -397,7 +398,7 @@ class Supervisor:
         # A remote rank's pid is known once its agent started it: record it now.  (One new
         # state per exit: thousands of ranks may end at once.)
         stopped = self.ended_by_us(run.spec.rank, message.status, message.time)
-        run.state = replace(
+        run.state = evolve(
             run.state,
             status=message.status,
             ended=message.time,
