@@ -23,10 +23,10 @@ it.  Rules:
   one batch with it), and ``HOLD_MAX_S`` after the first; lines that stand after it
   wait with it.  A line one rank said waits its window only: most such lines are
   that rank's alone (rank 0's log);
-* a flood that nothing shares is not held: once more than ``MAX_HELD`` lines of two
+* a flood that nothing shares is not held: once more than ``FLOOD_LINES`` lines of two
   ranks or more came since a line was last shared, what is held comes out and the
   next lines go straight out as they come (each rank's in its order), until a window
-  brings fewer than ``MAX_HELD`` lines (the flood is over) or ``FLOOD_PASS_S`` passed;
+  brings fewer than ``FLOOD_LINES`` lines (the flood is over) or ``FLOOD_PASS_S`` passed;
   then collapsing starts again.  A line counts as shared when another rank said it,
   even too long ago to join.  Looking up every line of such a flood would cost more
   than it could save (+60% wall time in ``benchmarks/collapse_cost.py``), and a flood
@@ -39,105 +39,46 @@ each rank's lines in order: the property the tests check on random interleavings
 from __future__ import annotations
 
 import bisect
-import heapq
 import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from launcher.streams.sametext import keys_of, same_text
+from launcher.streams.heldlines import (
+    HOLD_MAX_S,
+    HOLD_S,
+    Block,
+    Collapsed,
+    Track,
+    common_run,
+    known_lines,
+    next_position,
+    spacing,
+)
+from launcher.streams.sametext import PREFIX_HEADS, keys_of, same_text
+from launcher.streams.waits import Waits
+
+__all__ = [  # (Collapsed and the hold bounds live in heldlines: their users import them here)
+    "DEFAULT_WINDOW_S",
+    "FLOOD_LINES",
+    "FLOOD_PASS_S",
+    "HOLD_MAX_S",
+    "HOLD_S",
+    "MAX_HELD",
+    "Collapsed",
+    "Collapser",
+    "expand",
+]
 
 DEFAULT_WINDOW_S = 0.5
-MAX_HELD = 50_000  # lines held at most: a flood comes out early rather than piling up
+# Lines held at most: a flood comes out early rather than piling up.  Ranks that start a
+# little apart print the same lines that many lines apart (at 1 M lines/s, 8 ranks started
+# over 0.4 s on 2 busy cores were 50-65 k lines apart); a held line costs ~175 bytes (80 of
+# text), so this costs what 50 k lines did when who said them was kept per line.
+MAX_HELD = 100_000
+FLOOD_LINES = 50_000  # lines of a flood that nothing shares, held before it passes
 BULK_MOVE_SPAN = 16  # blocks in pending per moved block up to which a move rebuilds the span
 FLOOD_PASS_S = 1.0  # how long a flood that nothing shares goes straight out before a new look
-HOLD_S = 2.0  # a line some ranks said waits for the others this long after the latest of them
-HOLD_MAX_S = 10.0  # and this long after the first at most
-
-
-@dataclass(frozen=True)
-class Collapsed:
-    """Lines as shown: their text once, for these ranks (ascending)."""
-
-    ranks: tuple[int, ...]
-    stream: str
-    lines: tuple[bytes, ...]
-    time: float = field(default=0.0, compare=False)  # when the first of them came
-
-
-@dataclass(eq=False)
-class Block:
-    """A batch of one rank's lines, held for the window; other ranks' same lines join its
-    lines (``joined``: line index -> every rank that said it, this block's rank first).
-    Line i stands at position ``serial + i * step`` in the output's order."""
-
-    rank: int
-    stream: str
-    lines: list[bytes]
-    keys: list[bytes]
-    first: float
-    serial: float
-    step: float = 1.0
-    joined: dict[int, list[int]] = field(default_factory=dict)
-    joins_left: int = 0  # joins until every rank said every line
-    index: dict[bytes, int] | None = None  # key -> its last line (made at the first join)
-    shown: int = 0  # lines before this one were let out (every rank had said them)
-    done: bool = False
-    # For the ranks that have not said its lines yet: the most lines on the stream that a
-    # rank saying them had said by then, and when another rank last joined them.
-    reach: int = 0
-    heard: float = -math.inf
-
-    def at(self, i: int) -> float:
-        return self.serial + i * self.step
-
-    def lines_upto(self, position: float) -> int:
-        """The end of its lines standing at ``position`` or before (at least one more)."""
-        count = len(self.lines)
-        if position == math.inf:
-            return count
-        end = min(count, max(self.shown + 1, math.floor((position - self.serial) / self.step) + 1))
-        while end < count and self.at(end) <= position:
-            end += 1
-        while end > self.shown + 1 and self.at(end - 1) > position:
-            end -= 1
-        return end
-
-    def line_of(self, key: bytes) -> int:
-        if self.index is None:
-            self.index = dict(zip(self.keys, range(len(self.keys)), strict=True))
-        return self.index[key]
-
-    def items(self, start: int, end: int, time: float) -> list[Collapsed]:
-        """Lines ``start:end`` as shown (at ``time``): runs of this rank's own lines, and each
-        joined line with its ranks, in order."""
-        out, own = [], (self.rank,)
-        for i in sorted(i for i in self.joined if start <= i < end):
-            if start < i:
-                out.append(Collapsed(own, self.stream, tuple(self.lines[start:i]), time))
-            ranks = tuple(sorted(self.joined[i]))
-            out.append(Collapsed(ranks, self.stream, (self.lines[i],), time))
-            start = i + 1
-        if start < end:
-            out.append(Collapsed(own, self.stream, tuple(self.lines[start:end]), time))
-        return out
-
-    def waits_until(self) -> float:
-        """How long a line of it that some ranks said waits for the others at most."""
-        return min(self.heard + HOLD_S, self.first + HOLD_MAX_S)
-
-
-@dataclass
-class Track:
-    """One rank's lines on one stream: where its newest line stands, where its newest line
-    that another rank shares stands, and its held blocks after that one which no other rank
-    joined (free to move earlier, since nothing else depends on where they stand)."""
-
-    last: float = -math.inf
-    anchor: float = -math.inf
-    free: list[Block] = field(default_factory=list)
-    count: int = 0  # lines the rank said on the stream so far
 
 
 class Collapser:
@@ -147,13 +88,15 @@ class Collapser:
     and each rank's lines on a stream stand in the order it wrote them.  A line joins
     another rank's same held line when that keeps the order: when the held line stands
     after the rank's newest line, or after its newest shared line once its own lines since
-    (which no other rank depends on) are moved in front of it.  A batch that no held line
-    matches is held whole as one ``Block`` at the end, with C-speed work per line only (its
-    keys into a dict).  That work still takes a third of the launcher's time in a flood of
-    distinct lines (the collapse-cost benchmark), so a flood that nothing shares skips it:
-    its lines pass straight out (see the module's rules).  A line that some ranks said may
-    wait for the others (``waiting``, by position): what the windows closed comes out only
-    up to the first line still waiting.
+    (which no other rank depends on) are moved in front of it.  Lines join a run at a time:
+    where a rank's batch goes on as another rank's held block goes on, the whole run joins
+    in one step (slices compared, not a look-up per line: see ``heldlines``).  A batch that
+    no held line matches is held whole as one ``Block`` at the end, with C-speed work per
+    line only (its keys into a dict).  That work still takes a third of the launcher's time
+    in a flood of distinct lines (the collapse-cost benchmark), so a flood that nothing
+    shares skips it: its lines pass straight out (see the module's rules).  Lines that some
+    ranks said may wait for the others (``waiting``, by position): what the windows closed
+    comes out only up to the first line still waiting.
     """
 
     def __init__(
@@ -162,6 +105,9 @@ class Collapser:
         self.world_size = world_size
         self.window_s = window_s
         self.max_held = max_held
+        # (held before passing a flood that nothing shares: fewer than may be held, as
+        # looking up the lines of such a flood is most of what it costs)
+        self.flood_lines = min(max_held, FLOOD_LINES)
         self.pending: list[Block] = []  # by position
         self.arrivals: deque[Block] = deque()  # by time: whose window closes next
         self.held = 0  # lines in ``pending``
@@ -173,11 +119,9 @@ class Collapser:
         self.tracks: dict[tuple[int, str], Track] = {}
         self.speakers: dict[str, dict[int, Track]] = {}  # stream -> rank -> its track
         self.top = 0.0  # the next position at the end
-        # Lines some ranks said, waiting for the others, by position (a heap; a line's
-        # position never changes once another rank joined it): those of blocks whose window
-        # closed, and those that a second rank said after that (held back by another).
-        self.waiting: list[tuple[float, int, Block, int]] = []  # position, ticket, line
-        self.tickets = itertools.count()  # orders waits at one position
+        # Lines some ranks said, waiting for the others, by position: those of blocks whose
+        # window closed, and those that a second rank said after that (held back by another).
+        self.waiting = Waits()
         self.cut = -math.inf  # the windows closed let out lines up to here (unless waiting)
         self.shown_time = -math.inf  # the time of the latest group let out
         # A flood that nothing shares: lines taken so far, and at the last shared line; the
@@ -186,7 +130,7 @@ class Collapser:
         self.shared_at = 0
         self.spoke: dict[int, int] = {}
         # Passing such a flood straight out: until when at most, and the lines passed since
-        # ``counted_since`` (fewer than max_held in a window: the flood is over).
+        # ``counted_since`` (fewer than flood_lines in a window: the flood is over).
         self.passing_until: float | None = None
         self.counted_since = 0.0
         self.counted = 0
@@ -195,22 +139,68 @@ class Collapser:
         """One line of one rank: see ``add_lines``."""
         return self.add_lines(rank, stream, [text], now)
 
-    def add_lines(self, rank: int, stream: str, lines: list[bytes], now: float) -> list[Collapsed]:
+    def add_lines(
+        self, rank: int, stream: str, batch: Sequence[bytes], now: float
+    ) -> list[Collapsed]:
         """A batch of one rank's lines; returns what is due now (a group every rank has
         joined, windows closed, or the oldest lines when too many are held)."""
+        count = len(batch)
         track = self.tracks.get((rank, stream)) or self.new_track(rank, stream)
-        track.count += len(lines)
-        if self.passing_until is not None and self.is_passing(self.passing_until, len(lines), now):
-            return [Collapsed((rank,), stream, tuple(lines), max(now, self.shown_time))]
-        self.added += len(lines)
+        track.count += count
+        if self.passing_until is not None and self.is_passing(self.passing_until, count, now):
+            # (a batch that is not a list goes on as it came: a view may write it whole)
+            lines = tuple(batch) if isinstance(batch, list) else batch
+            return [Collapsed((rank,), stream, lines, max(now, self.shown_time))]
+        self.added += count
         self.spoke[rank] = self.added
-        keys = keys_of(lines)
-        young, old = self.open.get(stream) or self.open.setdefault(stream, ({}, {}))
-        if young.keys().isdisjoint(keys) and old.keys().isdisjoint(keys):
-            self.hold_at_end(rank, stream, lines, keys, now, track)
+        if stream not in self.open:
+            self.open[stream] = ({}, {})
+        data = getattr(batch, "data", None)  # a batch that has its lines' bytes joined
+        if isinstance(data, bytes) and count > 1:
+            joined, offset = self.join_batch(rank, stream, data, count, now, track)
+            if joined == count:
+                return self.due(now)
+            lines = data[offset:].split(b"\n") if joined else list(batch)
         else:
-            self.join_lines(rank, stream, lines, keys, now, track)
+            lines = batch if isinstance(batch, list) else list(batch)
+        self.join_lines(rank, stream, lines, keys_of(lines), now, track)
         return self.due(now)
+
+    def join_batch(
+        self, rank: int, stream: str, data: bytes, count: int, now: float, track: Track
+    ) -> tuple[int, int]:
+        """The first lines of a batch (``data``: its lines joined by newlines) that go on as
+        other ranks' held blocks go on, joined a block at a time and compared as bytes: no
+        line split, no key made (bytes alike are keys alike; the keys of lines a log prefix
+        may start differ from their bytes: those go the usual way).  Returns how many lines
+        joined, and where the rest starts in ``data``."""
+        young, old = self.open[stream]
+        joined = offset = 0
+        while joined < count:
+            newline = data.find(b"\n", offset)
+            first = data[offset:newline] if newline >= 0 else data[offset:]
+            if first[:1] in PREFIX_HEADS:
+                break
+            block = young.get(first) or old.get(first)
+            if block is None or block.rank == rank or block.done:
+                break
+            i = block.line_of(first, max(block.shown, block.count_upto(track.last)))
+            position = block.at(i)
+            if (
+                i < block.shown
+                or rank in block.said_by(i)
+                or (position <= track.last and not self.make_room(position, track, 0))
+            ):
+                break
+            lines = min(count - joined, len(block.lines) - i)
+            same = b"\n".join(block.lines[i : i + lines])
+            end = offset + len(same)
+            if not data.startswith(same, offset) or data[end : end + 1] not in (b"\n", b""):
+                break  # (where they part, the usual way finds)
+            self.shared_at = self.added
+            self.join(rank, block, i, i + lines, track, now)
+            joined, offset = joined + lines, end + 1
+        return joined, offset
 
     def new_track(self, rank: int, stream: str) -> Track:
         track = self.tracks[rank, stream] = Track()
@@ -226,40 +216,51 @@ class Collapser:
         now: float,
         track: Track,
     ) -> None:
-        """Line by line: each joins another rank's held line where it can; the lines that
-        do not are held as blocks of their own, in front of the next line that joins."""
+        """Run by run: lines that go on as another rank's held block goes on join it where
+        they can, in one step; the lines that do not are held as blocks of their own, in
+        front of the next run that joins (or at the end).  A key is looked up where a run
+        may start; where none does, the next line that a held block has is found by a scan
+        of the rest (at C speed, once per batch: a dict look-up per line of a flood cost
+        more than all the rest of this)."""
         young, old = self.open[stream]
-        run: list[int] = []  # lines waiting for a place
-        for n, key in enumerate(keys):
+        count = len(keys)
+        start = at = 0  # lines from ``start`` wait for a place; ``at``: the next to look at
+        known: list[int] | None = None  # from a scan: the lines that a held block has
+        while at < count:
+            key = keys[at]
             block = young.get(key) or old.get(key)
-            if block is None or block.rank == rank:
-                run.append(n)
+            if block is None:
+                if known is None:
+                    known = known_lines(keys, at + 1, young, old)
+                hit = bisect.bisect_left(known, at + 1)
+                at = known[hit] if hit < len(known) else count
+                continue
+            if block.rank == rank:
+                at += 1
                 continue
             self.shared_at = self.added  # another rank said it (even if too long ago to join)
-            if block.done:
-                run.append(n)
+            # (a line that it can join without a move: after its newest line, not let out)
+            i = block.line_of(key, max(block.shown, block.count_upto(track.last)))
+            if block.done or i < block.shown:  # let out already: so is the run that follows
+                run = common_run(keys, at, block.keys, i)
+                at += run if block.done else min(run, block.shown - i)
                 continue
-            i = block.line_of(key)
-            if i < block.shown:  # let out already
-                run.append(n)
+            position = block.at(i)
+            if rank in block.said_by(i) or (
+                (start < at or position <= track.last)
+                and not self.make_room(position, track, at - start)
+            ):  # (a line after the rank's newest, with none waiting, joins at once)
+                at += 1
                 continue
-            said = block.joined.get(i)
-            position = block.serial + i * block.step
-            if said is not None and rank in said:
-                run.append(n)
-                continue
-            if (run or position <= track.last) and not self.make_room(position, track, len(run)):
-                run.append(n)  # (without run, a line after the rank's newest joins at once)
-                continue
-            if run:
-                run_lines, run_keys = [lines[j] for j in run], [keys[j] for j in run]
-                self.place(rank, stream, run_lines, run_keys, now, position)
-                run = []
-            self.join(rank, block, i, track, now)
-        if run:
-            self.hold_at_end(
-                rank, stream, [lines[j] for j in run], [keys[j] for j in run], now, track
-            )
+            if start < at:
+                self.place(rank, stream, lines[start:at], keys[start:at], now, position)
+            end = i + common_run(keys, at, block.keys, i)
+            self.join(rank, block, i, end, track, now)
+            at = start = at + end - i
+        if start < count:
+            rest = lines[start:] if start else lines
+            rest_keys = rest if keys is lines else keys[start:]
+            self.hold_at_end(rank, stream, rest, rest_keys, now, track)
 
     def make_room(self, position: float, track: Track, waiting: int) -> bool:
         """Can the rank's next line stand at ``position``, with ``waiting`` lines of it not
@@ -323,26 +324,26 @@ class Collapser:
         else:  # not where its position says: never seen, but a scan still finds it
             pending.remove(block)
 
-    def join(self, rank: int, block: Block, i: int, track: Track, now: float) -> None:
-        ranks = block.joined.get(i)
-        if ranks is None:
-            block.joined[i] = [block.rank, rank]
-            if self.world_size > 2 and block.at(i) <= self.cut:  # held back already
-                heapq.heappush(self.waiting, (block.at(i), next(self.tickets), block, i))
-        else:
-            ranks.append(rank)
+    def join(self, rank: int, block: Block, start: int, end: int, track: Track, now: float) -> None:
+        """The rank said the block's lines ``start:end`` (none of which it had said), after
+        its newest line."""
+        fresh = block.add_rank(start, end, rank)
+        if fresh and self.world_size > 2 and block.at(fresh[0][0]) <= self.cut:
+            upto = block.count_upto(self.cut)  # these are held back already: they wait now
+            for first, stop in fresh:
+                if first < upto:
+                    self.waiting.add(block, first, min(stop, upto))
         block.heard = now
         if block.reach < track.count:
             block.reach = track.count
-        block.joins_left -= 1
         self.shared_at = self.added
-        track.last = track.anchor = block.serial + i * block.step
+        track.last = track.anchor = block.at(end - 1)
         if track.free:
             track.free = []  # its lines so far stand before a shared one now
-        end = block.serial + (len(block.lines) - 1) * block.step
+        last = block.at(len(block.lines) - 1)
         owner = self.tracks[block.rank, block.stream]
-        if owner.anchor < end:
-            owner.anchor = end
+        if owner.anchor < last:
+            owner.anchor = last
             if owner.free:
                 owner.free = [b for b in owner.free if b.serial > block.serial]
 
@@ -394,7 +395,6 @@ class Collapser:
         self.put += len(keys)
 
     def hold(self, block: Block) -> None:
-        block.joins_left = len(block.lines) * (self.world_size - 1)
         if not self.pending or next_position(self.pending[-1]) < block.serial:
             self.pending.append(block)
         else:
@@ -414,11 +414,13 @@ class Collapser:
             block = arrivals.popleft()
             if not block.done:
                 cut = max(cut, block.at(len(block.lines) - 1))
-                if block.joined and self.world_size > 2:
-                    self.wait_for_others(block)
+                if self.world_size > 2 and block.shared:
+                    # Its lines some ranks said may wait for the others.  (Only now: most
+                    # shared lines are said by every rank within the window.)
+                    self.waiting.add_shared(block, self.world_size)
         self.cut = cut
-        out = self.emit_upto(self.held_back(cut, now) if self.waiting else cut)
-        if self.held > self.max_held and self.is_unshared_flood():
+        out = self.emit_upto(self.held_back(cut, now))
+        if self.held > self.flood_lines and self.is_unshared_flood():
             self.passing_until = now + FLOOD_PASS_S
             self.counted_since, self.counted = now, 0
             out += self.flush()
@@ -428,62 +430,45 @@ class Collapser:
             head = self.pending[0]
             out += self.emit_upto(head.at(len(head.lines) - 1))
         out += self.emit_said_by_all()
-        waiting = self.waiting
-        while waiting and waiting[0][2].shown > waiting[0][3]:
+        while self.waiting.first_let_out():
             # What held back the lines whose window closed was let out (every rank said it,
             # or a flood): they follow now.
             out += self.emit_upto(self.held_back(self.cut, now)) + self.emit_said_by_all()
         return out
 
-    def wait_for_others(self, block: Block) -> None:
-        """Its window closed: its lines that some ranks said but not all may wait for the
-        others.  (Only now: most shared lines are said by every rank within the window,
-        and a heap entry for each would cost a flood of identical lines a quarter more.)"""
-        for i, said in block.joined.items():
-            if i >= block.shown and len(said) < self.world_size:
-                heapq.heappush(self.waiting, (block.at(i), next(self.tickets), block, i))
-
     def held_back(self, cut: float, now: float) -> float:
         """Where the lines up to ``cut`` stop: just before the first one still waiting for
-        other ranks (the waits before it, let out or over, go)."""
-        waiting = self.waiting
-        while waiting:
-            position, _, block, line = waiting[0]
-            if block.shown <= line:  # still held
-                if position > cut:
-                    break
-                if self.awaits(block, line, now):
-                    return math.nextafter(position, -math.inf)
-            heapq.heappop(waiting)
-        return cut
+        other ranks."""
+        if not self.waiting:
+            return cut
+        return self.waiting.held_back(cut, lambda block, said: self.awaits(block, said, now))
 
-    def awaits(self, block: Block, line: int, now: float) -> bool:
-        """Is a rank that has not said the line still expected to, within the bound?  One is
-        while it has said fewer lines on the stream than the ranks that said it had by then
-        (it has not come to that point of its run yet; a rank silent on the stream neither)."""
-        said = block.joined[line]
+    def awaits(self, block: Block, said: tuple[int, ...], now: float) -> bool:
+        """Is a rank that has not said the block's lines that ``said`` said still expected to,
+        within the bound?  One is while it has said fewer lines on the stream than the ranks
+        that said them had by then (it has not come to that point of its run yet; a rank
+        silent on the stream neither)."""
         if len(said) >= self.world_size or now >= block.waits_until():
             return False
         speakers = self.speakers[block.stream]
         if len(speakers) < self.world_size:
             return True
-        have = set(said)
-        return any(t.count < block.reach for rank, t in speakers.items() if rank not in have)
+        return any(t.count < block.reach for rank, t in speakers.items() if rank not in said)
 
     def is_unshared_flood(self) -> bool:
-        """More than max_held lines since a line was last shared, of two ranks or more (a
-        rank alone may just be ahead of the others that will say the same)."""
-        if self.added - self.shared_at <= self.max_held:
+        """More than ``flood_lines`` lines since a line was last shared, of two ranks or more
+        (a rank alone may just be ahead of the others that will say the same)."""
+        if self.added - self.shared_at <= self.flood_lines:
             return False
         speakers = sum(1 for at in self.spoke.values() if at > self.shared_at)
         return speakers >= min(2, self.world_size)
 
     def is_passing(self, until: float, count: int, now: float) -> bool:
         """Do ``count`` lines that come at ``now`` pass straight out?  Not from ``until``
-        on, nor once a window brought no more than max_held lines: then collapsing starts
+        on, nor once a window brought no more than flood_lines lines: then collapsing starts
         again, afresh (the flood must show again that nothing of it is shared)."""
         if now - self.counted_since >= self.window_s:
-            ended = self.counted <= self.max_held
+            ended = self.counted <= self.flood_lines
             self.counted_since, self.counted = now, 0
         else:
             ended = False
@@ -512,15 +497,10 @@ class Collapser:
         pending = self.pending
         while pending:
             head = pending[0]
-            limit = next_position(pending[1]) if len(pending) > 1 else math.inf
-            end = head.shown
-            while (
-                end < len(head.lines)
-                and len(head.joined.get(end, ())) == self.world_size
-                and head.at(end) <= limit
-            ):
-                end += 1
-            if end == head.shown:
+            end = head.said_by_all_upto(self.world_size)
+            if end > head.shown and len(pending) > 1:
+                end = min(end, head.count_upto(next_position(pending[1])))
+            if end <= head.shown:
                 break
             out += self.let_out(pending.pop(0), end)
         return out
@@ -552,31 +532,11 @@ class Collapser:
         while self.arrivals and self.arrivals[0].done:
             self.arrivals.popleft()
         due = self.arrivals[0].first + self.window_s if self.arrivals else None
-        waiting = self.waiting
-        while waiting and waiting[0][2].shown > waiting[0][3]:  # let out
-            heapq.heappop(waiting)
-        if waiting and waiting[0][0] <= self.cut:
-            until = waiting[0][2].waits_until()
+        waiting = self.waiting.first()
+        if waiting is not None and waiting[0] <= self.cut:
+            until = waiting[1].waits_until()
             due = until if due is None else min(due, until)
         return due
-
-
-def next_position(block: Block) -> float:
-    """Where the block's next line to show stands: what ``pending`` is sorted by."""
-    return block.serial + block.shown * block.step
-
-
-def spacing(after: float, before: float, count: int) -> tuple[float, float] | None:
-    """Where ``count`` lines go between two positions: the first one's and the step; None
-    when there is no room (or floating point has none left)."""
-    if before <= after:
-        return None
-    if after == -math.inf:
-        after = before - count - 1
-    step = (before - after) / (count + 1)
-    if count and not (after < after + step and after + count * step < before):
-        return None
-    return after + step, step
 
 
 def expand(items: Sequence[Collapsed]) -> dict[int, list[tuple[str, bytes]]]:

@@ -28,6 +28,7 @@ def same_text(line: bytes) -> bytes:
 
 HEADS = itemgetter(slice(0, 1))
 PREFIX_STARTS = b"[IWEF0123456789"  # the first bytes of the prefixes ``same_text`` knows
+PREFIX_HEADS = frozenset(PREFIX_STARTS[i : i + 1] for i in range(len(PREFIX_STARTS)))
 
 
 def keys_of(lines: list[bytes]) -> list[bytes]:

@@ -372,7 +372,8 @@ class CollapsingView:
             return
         self.specs[spec.rank] = spec
         self.now = max(self.now, at)
-        self.emit(self.collapser.add_lines(spec.rank, stream, list(lines), self.now))
+        # (the batch as it came: one whose bytes are joined is matched as bytes)
+        self.emit(self.collapser.add_lines(spec.rank, stream, lines, self.now))
 
     def update(self, state: RankState) -> None:
         self.view.update(state)
@@ -402,7 +403,11 @@ class CollapsingView:
             ):
                 first = items[start]
                 specs = [self.specs[rank] for rank in first.ranks]
-                lines = list(chain.from_iterable(item.lines for item in items[start:end]))
+                lines = (
+                    first.lines
+                    if end - start == 1
+                    else list(chain.from_iterable(item.lines for item in items[start:end]))
+                )
                 self.shown_at = max(self.shown_at, first.time + offset)
                 self.view.show_group(specs, first.stream, lines, at=self.shown_at)
                 start = end
