@@ -285,7 +285,18 @@ def configs(
             1,
             Config(
                 "dtrain --plain (baseline)",
-                lambda root: [*dtrain_base, "--job-dir", str(root), *program],
+                # (its own entry point: this checkout's console script may import a module
+                # the baseline lacks; -P: nothing from the working directory)
+                lambda root: [
+                    sys.executable,
+                    "-P",
+                    "-m",
+                    "launcher",
+                    *dtrain_base[1:],
+                    "--job-dir",
+                    str(root),
+                    *program,
+                ],
                 DTRAIN_TAG,
                 True,
                 env={"PYTHONPATH": str(baseline)},
