@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
+from json.encoder import encode_basestring_ascii as json_string
 from typing import Any
 
 from launcher.core.command import LaunchSpec
@@ -34,6 +35,24 @@ from launcher.streams.logfiles import LogFiles
 STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 STATUS_EVERY_S = 0.25  # while a job runs, status.json is rewritten at most this often
 CREATE_AHEAD_RANKS = 64  # a job of more ranks has their logs created while it starts
+
+
+def state_json(state: RankState) -> str:
+    """``json.dumps(vars(state))``, the same text at half the cost: thousands of ranks start
+    and exit together, and json's encoder calls back into Python for every float."""
+    status, ended = state.status, state.ended
+    return (
+        f'{{"rank": {state.rank:d}, "host": {json_string(state.host)}, '
+        f'"role": {json_string(state.role)}, "pid": {state.pid:d}, '
+        f'"started": {json_float(state.started)}, '
+        f'"status": {"null" if status is None else f"{status:d}"}, '
+        f'"ended": {"null" if ended is None else json_float(ended)}, '
+        f'"restarts": {state.restarts:d}, "stopped": {"true" if state.stopped else "false"}}}'
+    )
+
+
+def json_float(value: float) -> str:
+    return repr(value) if math.isfinite(value) else json.dumps(value)
 
 
 def may_hold_results(text: bytes) -> bool:
@@ -156,9 +175,8 @@ class JobRecorder:
             "updated": self.clock(),
             **({"result": self.result} if self.result is not None else {}),
         }
-        if self.changed:  # (flat records: json's C encoder, one call per rank)
-            encode = json.JSONEncoder().encode
-            self.ranks.update({r: encode(vars(s)) for r, s in self.changed.items()})
+        if self.changed:
+            self.ranks.update({r: state_json(s) for r, s in self.changed.items()})
             self.changed.clear()
         ranks = ",\n".join(f'"{r}": {s}' for r, s in sorted(self.ranks.items()))
         text = json.dumps(head, indent=1)[:-2] + ',\n "ranks": {\n' + ranks + "\n}\n}"
