@@ -103,12 +103,25 @@ def mark() -> Iterator[str]:
     value = uuid.uuid4().hex
     yield value
     survivors = wait_until_gone(value, timeout=10)
+    described = [describe_process(pid) for pid in survivors]  # (before they are killed)
     for pid in survivors:
         try:
             os.kill(pid, 9)
         except ProcessLookupError:
             pass
-    assert not survivors, f"processes of the job survived: {survivors}"
+    assert not survivors, f"processes of the job survived: {described}"
+
+
+def describe_process(pid: int) -> str:
+    """A process as a failure message names it: pid, parent, state and command line."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return f"{pid} (parent {int(fields[1])}, {fields[0].decode()}): {argv[:200]}"
+    except OSError:
+        return f"{pid} (gone)"
 
 
 def tagged(output: str, rank: int) -> list[str]:
