@@ -82,12 +82,21 @@ def test_logs_after_the_job_with_filters(mark: str) -> None:
     assert latest.stdout == everything.stdout
 
 
-def test_follow_a_running_job_from_another_process(mark: str) -> None:
+def test_follow_a_running_job_from_another_process(mark: str, tmp_path: Path) -> None:
+    # Rank 1 fails once rank 0 has said everything (its failure stops rank 0: under load,
+    # rank 0 may be steps behind).
+    done = tmp_path / "rank0-done"
     code = (
         "import os, time\n"
         "for i in range(20):\n"
         "    print(f\"{os.environ['RANK']}:{i}\", flush=True); time.sleep(0.05)\n"
-        "raise SystemExit(5 if os.environ['RANK'] == '1' else 0)\n"
+        f"done = {str(done)!r}\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    open(done, 'w').close()\n"
+        "    raise SystemExit(0)\n"
+        "while not os.path.exists(done):\n"
+        "    time.sleep(0.02)\n"
+        "raise SystemExit(5)\n"
     )
     job = start_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code))
     wait_for_pids(mark, 2)

@@ -4,7 +4,10 @@ tagging, the job directory and the terminal give the same lines as line by line.
 from __future__ import annotations
 
 import io
+import os
 import random
+import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -31,7 +34,6 @@ def test_a_batch_is_its_lines() -> None:
     assert batch[-1] == b"four"  # without splitting it
     assert batch[-2:] == [b"three", b"four"]
     assert batch[-10:] == [b"one", b"", b"three", b"four"]
-    assert batch.parts is None  # nothing above needed every line
     assert list(batch) == [b"one", b"", b"three", b"four"]
     assert batch[0] == b"one" and batch[1:3] == [b"", b"three"]
     assert batch_lines(batch) == b"one\n\nthree\nfour" == batch_lines(list(batch))
@@ -78,6 +80,22 @@ def test_a_batch_costs_the_queue_its_bytes() -> None:
     assert lines_size([b"x" * 100, b"y" * 50]) == 150 + 2 * LINE_OVERHEAD_BYTES
 
 
+def test_a_batch_a_sink_looked_through_still_holds_only_its_bytes() -> None:
+    # One batch is queued for every outlet: once the view has gone through its lines, the
+    # job directory's queue still holds it, and must not hold its lines as objects too
+    # (short lines cost ~15 times their bytes so: past what lines_size told the queue).
+    batch = LineBatch(b"ab\n" * 20_000 + b"ab")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        assert sum(1 for _ in batch) == len(batch) == 20_001  # (a view's pass over them)
+        assert list(batch[0:2]) == [b"ab", b"ab"]
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < lines_size(batch) // 4  # (nothing near the 780 kB its lines would be)
+
+
 def test_the_job_directory_gets_a_batch_stamped_and_results_apart(tmp_path: Path) -> None:
     job = JobDir.create(tmp_path, "job-1", {})
     recorder = JobRecorder(job, clock=lambda: 12.5)
@@ -117,6 +135,57 @@ def test_the_terminal_gets_tagged_lines_in_order(encoding: str) -> None:
         "[0] one\n[0] two\ndtrain: a notice\n[1] list\n[1] of lines\n[1] caf\ufffd \ufffd\n[1] ok\n"
     )
     assert out.value().decode(encoding) == want
+
+
+class TeeStdout(Stdout):
+    """A caller's sys.stdout that copies what is written through it (a log of the run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copied: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.copied.append(text)
+        return super().write(text)
+
+
+def test_a_file_whose_write_does_more_gets_every_line_through_it() -> None:
+    # launch() shows the ranks' lines on the caller's sys.stdout: where its class does more
+    # in ``write`` (a tee), its bytes underneath are no way around that.
+    out = TeeStdout()
+    terminal = TerminalFile(out)
+    view = LineView(terminal, terminal)  # type: ignore[arg-type]
+    view.show(spec(0), "stdout", LineBatch(b"one\ntwo"))
+    assert "".join(out.copied) == "[0] one\n[0] two\n"
+    assert out.value() == b"[0] one\n[0] two\n"
+
+
+def test_an_unbuffered_terminal_that_takes_part_of_a_write_gets_the_rest() -> None:
+    # PYTHONUNBUFFERED: sys.stdout is text straight over the file; a non-blocking terminal
+    # (another program left it so) takes what fits and no more: the rest must follow.
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    out = io.TextIOWrapper(io.FileIO(write_end, "w"), encoding="utf-8", write_through=True)
+    got = bytearray()
+
+    def drain() -> None:
+        while chunk := os.read(read_end, 1 << 16):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    terminal = TerminalFile(out)
+    view = LineView(terminal, terminal)  # type: ignore[arg-type]
+    many = [b"line %d" % i for i in range(50_000)]
+    view.show(spec(0), "stdout", LineBatch(b"\n".join(many)))  # ASCII: as bytes
+    view.show(spec(1), "stdout", [*many, "caf\u00e9".encode()])  # not ASCII: as text
+    terminal.write("dtrain: the end\n")
+    out.close()
+    reader.join()
+    os.close(read_end)
+    want = b"".join(b"[0] %s\n" % line for line in many)
+    want += b"".join(b"[1] %s\n" % line for line in [*many, "caf\u00e9".encode()])
+    assert bytes(got) == want + b"dtrain: the end\n"
 
 
 def test_a_text_only_file_gets_the_same_lines() -> None:

@@ -4,7 +4,6 @@ a rank's state once per status write, and a large job's logs are made while it s
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import threading
@@ -17,6 +16,7 @@ from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
 from launcher.core.outcome import RankState
 from launcher.loop.supervisor import Supervisor
+from launcher.streams import recorder as recorder_module
 from launcher.streams.jobdir import JobDir
 from launcher.streams.logfiles import LogFiles
 from launcher.streams.outlets import Fanout, Lines, Outlet, OutputQueue
@@ -98,20 +98,20 @@ def test_a_rank_state_is_encoded_once_per_status_write(
     job = JobDir.create(tmp_path, "20261126-000000-abcdef", {})
     recorder = JobRecorder(job, status_every_s=3600)
     recorder.write_status("running", None)  # the interval starts: the states below wait
-    encoded: list[object] = []
-    real = json.JSONEncoder.encode
+    encoded: list[RankState] = []
+    real = recorder_module.state_json
 
-    def counting(self: json.JSONEncoder, value: object) -> str:
-        encoded.append(value)
-        return real(self, value)
+    def counting(state: RankState) -> str:
+        encoded.append(state)
+        return real(state)
 
-    monkeypatch.setattr(json.JSONEncoder, "encode", counting)
+    monkeypatch.setattr(recorder_module, "state_json", counting)
     for rank in range(50):
         for status in (None, None, 0):  # started, running, exited
             recorder.update(RankState(rank, "h", "worker", 100 + rank, 1.0, status=status))
     recorder.end_status("succeeded", 0)
-    ranks = [value for value in encoded if isinstance(value, dict) and "rank" in value]
-    assert len(ranks) == 50
+    assert sorted(state.rank for state in encoded) == list(range(50))  # the last state, once
+    assert all(state.status == 0 for state in encoded)
     status = job.status()
     assert status["state"] == "succeeded"
     assert {int(r): s["status"] for r, s in status["ranks"].items()} == dict.fromkeys(range(50), 0)

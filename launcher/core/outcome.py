@@ -28,29 +28,32 @@ class LineBatch(Sequence[bytes]):
 
     A chunk of plain lines travels from the pipe to every sink as the bytes it came in: a
     sink that tags or timestamps lines does it with one ``bytes.replace`` over ``data``,
-    and only a sink that looks at lines one by one makes them (``lines``: once, kept).
-    Splitting millions of lines into objects was most of what heavy output cost.
+    and only a sink that looks at lines one by one makes them (``lines``).  Splitting
+    millions of lines into objects was most of what heavy output cost.
+
+    The lines made are never kept on the batch: one batch is queued for every outlet, and
+    a queue counts its bytes (``outlets.lines_size``); the view's pass over a batch must
+    not leave it holding a bytes object a line (~15 times the bytes of short lines) while
+    it waits in the job directory's queue.
     """
 
-    __slots__ = ("data", "nlines", "parts")
+    __slots__ = ("data", "nlines")
 
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.nlines = -1  # counted when asked (a count is a pass over the bytes)
-        self.parts: list[bytes] | None = None
 
     @property
     def lines(self) -> list[bytes]:
-        if self.parts is None:
-            self.parts = self.data.split(b"\n")
-        return self.parts
+        """The lines, made anew at each call (kept by the caller, as long as it needs them)."""
+        return self.data.split(b"\n")
 
     def __bool__(self) -> bool:
         return True  # (at least one line: asking needs no count)
 
     def __len__(self) -> int:
         if self.nlines < 0:
-            self.nlines = len(self.parts) if self.parts is not None else self.data.count(b"\n") + 1
+            self.nlines = self.data.count(b"\n") + 1
         return self.nlines
 
     @overload
@@ -60,18 +63,17 @@ class LineBatch(Sequence[bytes]):
     def __getitem__(self, index: slice) -> list[bytes]: ...
 
     def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
-        if self.parts is None:
-            # The last lines (a tail, a step, a rank's last line) without splitting them all.
-            if isinstance(index, int) and index == -1:
-                return self.data[self.data.rfind(b"\n") + 1 :]
-            if (
-                isinstance(index, slice)
-                and index.step is None
-                and index.stop is None
-                and index.start is not None
-                and index.start < 0
-            ):
-                return self.data.rsplit(b"\n", -index.start)[index.start :]
+        # The last lines (a tail, a step, a rank's last line) without splitting them all.
+        if isinstance(index, int) and index == -1:
+            return self.data[self.data.rfind(b"\n") + 1 :]
+        if (
+            isinstance(index, slice)
+            and index.step is None
+            and index.stop is None
+            and index.start is not None
+            and index.start < 0
+        ):
+            return self.data.rsplit(b"\n", -index.start)[index.start :]
         return self.lines[index]
 
     def __iter__(self) -> Iterator[bytes]:

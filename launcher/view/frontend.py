@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
+import select
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, BinaryIO, TextIO, cast
@@ -38,15 +40,25 @@ class TerminalFile:
         self.gone = False
         # The bytes under the text, where ASCII is written as it is (an ASCII-compatible
         # encoding): rank output, mostly ASCII, then skips a decode and an encode per batch.
+        # Only under a plain text file's own ``write``: a caller's sys.stdout (launch())
+        # whose class does more there (a tee into a log) must get every line through it.
         encoding = getattr(file, "encoding", None) or ""
         buffer = getattr(file, "buffer", None)
         compatible = encoding.lower().replace("_", "-") in ASCII_COMPATIBLE
-        self.raw: BinaryIO | None = buffer if compatible else None
+        plain = getattr(type(file), "write", None) is io.TextIOWrapper.write
+        self.raw: BinaryIO | None = buffer if compatible and plain else None
+        # PYTHONUNBUFFERED (common in containers) leaves no buffer between the text and the
+        # file: a write(2) may take part of a block (a non-blocking terminal, a signal), and
+        # neither file writes the rest.  Then text and bytes alike go through ``write_all``.
+        self.unbuffered = self.raw is not None and isinstance(buffer, io.RawIOBase)
 
     def write(self, text: str) -> int:
         if not self.gone:
             try:
-                self.file.write(text)
+                if self.unbuffered:
+                    self.write_all(text.encode(self.file.encoding, self.file.errors or "strict"))
+                else:
+                    self.file.write(text)
             except OSError as exc:
                 self.drop_when_gone(exc)
         return len(text)
@@ -58,11 +70,26 @@ class TerminalFile:
         if not self.gone:
             try:
                 self.file.flush()  # (text written before goes first)
-                self.raw.write(data)
-                self.raw.flush()
+                if self.unbuffered:
+                    self.write_all(data)
+                else:
+                    self.raw.write(data)
+                    self.raw.flush()
             except OSError as exc:
                 self.drop_when_gone(exc)
         return True
+
+    def write_all(self, data: bytes) -> None:
+        """All of ``data`` to the unbuffered file: what a write(2) left is written after it,
+        once a full non-blocking terminal takes more."""
+        raw = cast(io.RawIOBase, self.raw)
+        rest = memoryview(data)
+        while rest:
+            written = raw.write(rest)
+            if written is None:  # non-blocking, and full: nothing was taken
+                select.select([], [raw], [])
+                continue
+            rest = rest[written:]
 
     def flush(self) -> None:
         if not self.gone:
