@@ -27,7 +27,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+
+from launcher.base.frozen import evolve
 
 
 @dataclass(frozen=True)
@@ -105,24 +106,6 @@ class Restart:
 
 Action = Continue | StopAll | KillAll | Finish | Restart
 CONTINUE = Continue()  # (one for every event that changes nothing: thousands of exits)
-
-Frozen = TypeVar("Frozen")
-
-
-def evolve(value: Frozen, **changes: object) -> Frozen:
-    """``dataclasses.replace`` for the frozen dataclasses of the supervisor's hot path (the
-    job's state here, each rank's ``RankState``): the fields are copied as they are and no
-    ``__init__`` runs, which none of them needs (no ``__post_init__``, no defaults made
-    per instance).  2 us instead of 10: a job's end handles thousands of exits at once."""
-    fields = getattr(value, "__dict__", None)
-    if fields is None:  # (a class with slots: the ordinary way)
-        return replace(value, **changes)  # type: ignore[type-var]
-    if not changes.keys() <= fields.keys():
-        raise TypeError(f"{type(value).__name__} has no field {set(changes) - set(fields)}")
-    copy: Frozen = object.__new__(type(value))
-    copy.__dict__.update(fields)
-    copy.__dict__.update(changes)
-    return copy
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from launcher.base.clock import Clock, SystemClock
+from launcher.base.frozen import evolve
 from launcher.base.log import LOG
 from launcher.core.command import LaunchSpec
 from launcher.core.config import rank_set
@@ -42,7 +43,6 @@ from launcher.core.policy import (
     TimedOut,
     decide,
     describe_status,
-    evolve,
     failed_hosts,
     start_state,
 )

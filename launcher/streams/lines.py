@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from launcher.core.outcome import PROGRESS, READ_BYTES, LineBatch
-
-if TYPE_CHECKING:
-    pass
 
 LINE_BREAK = re.compile(rb"(\r\n|\r|\n)")
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a longer "line" is cut; 1 MB lines pass whole
@@ -58,12 +55,6 @@ class LineFramer:
         hold_cr = buf.endswith(b"\r")
         if hold_cr:
             buf = buf[:-1]
-        if b"\r" not in buf:  # (plain lines after pieces of a long one)
-            cut = buf.rfind(b"\n")
-            if cut >= 0 and len(buf) - cut - 1 <= self.max_line_bytes:
-                rest = buf[cut + 1 :]
-                self.partial = rest + b"\r" if hold_cr else rest
-                return LineBatch(buf[:cut])
         parts = split_lines(buf)
         rest = parts.pop()
         if len(rest) > self.max_line_bytes:

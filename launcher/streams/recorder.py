@@ -20,7 +20,12 @@ from typing import Any
 
 from launcher.core.command import LaunchSpec
 from launcher.core.outcome import JobResult, LineBatch, RankReport, RankState, Stream
-from launcher.core.results import RESULT_MARK, RESULTS_FOLDER, is_result_line, result_file_name
+from launcher.core.results import (
+    RESULTS_FOLDER,
+    is_result_line,
+    may_hold_results,
+    result_file_name,
+)
 from launcher.streams.jobdir import (
     RUNNING,
     JobDir,
@@ -53,12 +58,6 @@ def state_json(state: RankState) -> str:
 
 def json_float(value: float) -> str:
     return repr(value) if math.isfinite(value) else json.dumps(value)
-
-
-def may_hold_results(text: bytes) -> bool:
-    """Could a line of ``text`` be a function's result?  (Its first byte, a record separator,
-    is looked for first: one ``memchr`` where the whole mark would be a slower search.)"""
-    return RESULT_MARK[:1] in text and RESULT_MARK in text
 
 
 class JobRecorder:

@@ -18,7 +18,7 @@ from launcher.core.command import LaunchSpec
 from launcher.core.config import ViewConfig
 from launcher.core.outcome import OutputSink, Stream, batch_lines
 from launcher.core.plan import Plan
-from launcher.core.results import RESULT_MARK, is_result_line
+from launcher.core.results import is_result_line, may_hold_results
 from launcher.view.frontend import LineFilter, TerminalFrontend
 
 
@@ -49,6 +49,6 @@ class ResultsLeftOut(LineFilter):
     """A view's sink without the function's result lines (the job directory keeps them)."""
 
     def kept(self, spec: LaunchSpec, stream: Stream, lines: Sequence[bytes]) -> Sequence[bytes]:
-        if stream != "stdout" or RESULT_MARK not in batch_lines(lines):
+        if stream != "stdout" or not may_hold_results(batch_lines(lines)):
             return lines
         return [line for line in lines if not is_result_line(line)]
