@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.otheruser import other_user, shared_tmp  # noqa: F401 (fixtures)
 from tests.slurmcluster import SlurmCluster, SlurmClusterError
 from tests.slurmcluster import unavailable_reason as slurm_unavailable_reason
 from tests.testhosts import TestHosts, unavailable_reason

@@ -132,6 +132,9 @@ def test_a_job_failed_without_a_rank_says_its_whole_last_line(mark: str) -> None
         ({"env": {"A": True}}, "env={'A': True}: a variable's value is text"),
         ({"env": {"1BAD": "x"}}, "-x '1BAD=x': '1BAD' is not a valid variable name"),
         ({"bind_to": "everything"}, "Invalid value for '--bind-to'"),
+        ({"hosts": []}, "-H: no hosts"),  # (as -H '': not this machine by default)
+        ({"hosts": ()}, "-H: no hosts"),
+        ({"hosts": ""}, "-H: no hosts"),
     ],
 )
 def test_a_bad_option_raises_the_command_lines_error_before_anything_starts(

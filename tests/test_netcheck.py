@@ -370,6 +370,77 @@ def test_the_listener_serves_only_the_token_and_is_gone_after_the_check() -> Non
     assert netcheck_children() == []
 
 
+def test_the_listener_bounds_peers_without_the_token() -> None:
+    """Anyone on the network may connect: a crowd of silent peers gets at most
+    UNAUTHENTICATED_MAX threads, a peer dripping a byte at a time is cut at the handshake's
+    deadline (not kept alive by each byte), and the check's own peers are served after."""
+    from launcher.remote.netcheck import HANDSHAKE_S, UNAUTHENTICATED_MAX
+
+    token = os.urandom(16).hex()
+    events: queue.Queue[tuple[str, dict[str, object] | None]] = queue.Queue()
+    first = {
+        "token": token,
+        "probe_source": remote.source("probe"),
+        "route_to": "127.0.0.1",
+        "lifetime_s": 60,
+    }
+    program = start_here("here", sys.executable, remote.source("netcheck"), first, events)
+    crowd: list[socket.socket] = []
+    try:
+        _, said = events.get(timeout=20)
+        assert said is not None and "ready" in said, said
+        ready: dict[str, object] = said["ready"]  # type: ignore[assignment]
+        address, port = str(ready["address"]), int(ready["port"])  # type: ignore[call-overload]
+        (pid,) = netcheck_children()
+        threads_before = len(os.listdir(f"/proc/{pid}/task"))
+        crowd = [socket.create_connection((address, port), timeout=10) for _ in range(150)]
+        time.sleep(0.5)  # (accepted: each has a thread, or was closed at once)
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+        assert threads - threads_before <= UNAUTHENTICATED_MAX, threads
+        closed_at_once = sum(1 for conn in crowd if closed_soon(conn))
+        assert closed_at_once >= 150 - UNAUTHENTICATED_MAX - 2
+        for conn in crowd:
+            conn.close()
+        with socket.create_connection((address, port), timeout=10) as drip:
+            started = time.monotonic()
+            for byte in token.encode()[:-1]:  # (one byte short: never the whole token)
+                try:
+                    drip.sendall(bytes([byte]))
+                except OSError:
+                    break
+                time.sleep(0.25)
+                if closed_soon(drip):
+                    break
+            cut_after = time.monotonic() - started
+        assert cut_after < HANDSHAKE_S + 2, cut_after  # 31 bytes: 7.75 s if each byte counted
+        time.sleep(HANDSHAKE_S + 0.5)  # (the crowd's slots given back)
+        with socket.create_connection((address, port), timeout=10) as right:
+            right.sendall(token.encode() + b'{"ping": true}\n' + b"p")
+            assert right.recv(1) == b"p"
+        program.send({"end": True})
+        while (said_last := events.get(timeout=10))[1] is not None:
+            if "refused" in (said_last[1] or {}):  # the crowd and the drip
+                assert int(said_last[1]["refused"]) >= 150  # type: ignore[call-overload]
+    finally:
+        for conn in crowd:
+            conn.close()
+        program.close()
+    assert netcheck_children() == []
+
+
+def closed_soon(conn: socket.socket) -> bool:
+    """Whether the peer has closed ``conn`` (looked at without waiting)."""
+    conn.setblocking(False)
+    try:
+        return conn.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    finally:
+        conn.setblocking(True)
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [

@@ -67,6 +67,8 @@ def option_arguments(name: str, value: Any, flag: Flag) -> list[str]:
         pairs = value.items() if isinstance(value, Mapping) else value
         return [arg for pair in pairs for arg in (flag.flag, *map(str, pair))]
     if param.multiple and isinstance(value, list | tuple):
+        if not value and name == "hosts":  # (as -H '' on a command line: no hosts, refused)
+            return [flag.flag, ""]
         return [arg for item in value for arg in (flag.flag, str(item))]
     return [flag.flag, str(value)]
 

@@ -37,7 +37,11 @@ import sys
 import threading
 import time
 
-HANDSHAKE_S = 2.0  # how long a connection may take to present the token
+HANDSHAKE_S = 2.0  # how long a connection may take to present the token, in all
+# Connections not yet past the token, at once: more are closed unread, so that peers without
+# it (anyone on the network can connect) cannot pile up threads; the check's own hosts open
+# one or two each at a time.
+UNAUTHENTICATED_MAX = 32
 CONNECT_S = 2.0  # how long a send waits for its peer to accept
 PINGS = 20  # round trips per pair; the median is the figure
 CHUNK = 1 << 20  # bytes per send and per receive
@@ -59,6 +63,7 @@ class Host:
         self.arrived: set[int] = set()  # rounds whose sender has presented the token
         self.received: dict[int, dict] = {}  # type: ignore[type-arg]  # round: measurement
         self.refused = 0  # connections without the token
+        self.unauthenticated = threading.BoundedSemaphore(UNAUTHENTICATED_MAX)
         self.changed = threading.Condition()
         self.child: subprocess.Popen | None = None  # type: ignore[type-arg]
         self.child_source: str | None = None
@@ -88,17 +93,24 @@ class Host:
                 conn, _ = self.listener.accept()
             except OSError:
                 return  # closed
+            if not self.unauthenticated.acquire(blocking=False):
+                conn.close()  # (too many without the token yet: no thread for this one)
+                with self.changed:
+                    self.refused += 1
+                continue
             threading.Thread(target=self.take, args=(conn,), daemon=True).start()
 
     def take(self, conn: socket.socket) -> None:
         """One connection: the token, a header (round trips, or the transfer of a round)."""
         header: dict = {}  # type: ignore[type-arg]
         try:
-            conn.settimeout(HANDSHAKE_S)
             try:
-                token = receive_exactly(conn, len(self.token))
+                token = receive_by(conn, len(self.token), time.monotonic() + HANDSHAKE_S)
             except OSError:
                 token = b""  # (closed, or silent, before a token's length of bytes)
+            finally:
+                self.unauthenticated.release()
+            conn.settimeout(HANDSHAKE_S)
             if not hmac.compare_digest(token, self.token):
                 with self.changed:
                     self.refused += 1
@@ -147,6 +159,22 @@ def describe(exc: BaseException) -> str:
 def receive_exactly(conn: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the connection closed")
+        data += chunk
+    return data
+
+
+def receive_by(conn: socket.socket, size: int, deadline: float) -> bytes:
+    """``size`` bytes that must all arrive before ``deadline`` (a byte now and then does not
+    keep a connection alive, as it would under a timeout per receive)."""
+    data = b""
+    while len(data) < size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        conn.settimeout(left)
         chunk = conn.recv(size - len(data))
         if not chunk:
             raise ConnectionError("the connection closed")
