@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, cast
 
 from launcher.base.errors import UsageError
 from launcher.base.pids import process_alive
+from launcher.base.trust import trust_doubt
 from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
 
@@ -78,73 +79,46 @@ def make_private_dir(path: Path, exist_ok: bool) -> None:
     os.chmod(path, DIR_MODE)  # mkdir's mode is masked by the umask
 
 
-LOOSE_MODE = 0o022  # group or others may write: they could plant a job (a pid to signal)
-
-
-def check_root(root: Path, named: str) -> None:
+def check_root(root: Path, named: str, environ: Mapping[str, str] | None = None) -> None:
     """Refuse a jobs root another user could write to, as OpenSSH refuses a loose ``~/.ssh``:
     a ``status.json`` planted there names the pid ``dtrain stop`` signals.  The root must be
-    ours (or root's) and not writable by group or others; a missing one is made 0700 when
-    the first job is (``named``: how the user gave it, for the message)."""
+    ours (or root's) and not writable by group or others, nor may the folders above it be
+    (``base/trust.py``'s rule, the project file's too; a folder listed in the user's config
+    as trusted lifts it).  A missing one is made 0700 when the first job is (``named``: how
+    the user gave it, for the message)."""
     try:
-        found = root.stat()
+        root.stat()
     except FileNotFoundError:
-        check_parents(root, named)
-        return  # not there (yet): made private with the first job
+        pass  # not there (yet): made private with the first job; the folders above count
     except (OSError, ValueError) as exc:  # a name too long, a file on the way...
         reason = exc.strerror if isinstance(exc, OSError) else str(exc)
         raise UsageError(f"{named} {root}: cannot use it ({reason})", "check the path") from None
-    check_parents(root, named)
-    if found.st_uid not in (os.geteuid(), 0):
+    environ = os.environ if environ is None else environ
+    doubt = trust_doubt(str(root), environ, parents_only=True) or trust_doubt(str(root), environ)
+    if doubt is None:
+        return
+    if doubt.at != doubt.path:  # a folder above it
         raise UsageError(
-            f"{named} {root}: owned by {user_name(found.st_uid)}, not by you: another user's "
-            "jobs cannot be trusted",
+            f"{named} {root}: its folder {doubt.at} is {doubt.why(names=True)}: another user "
+            "could swap the jobs for their own",
+            f"chmod go-w {doubt.at}, or pass a --job-dir in a folder of yours",
+        )
+    if doubt.owner is not None:
+        raise UsageError(
+            f"{named} {root}: {doubt.why(names=True)}, not by you: another user's jobs cannot "
+            "be trusted",
             f"use a directory of your own: --job-dir {DEFAULT_ROOT_SHOWN}, or another",
         )
-    if found.st_mode & LOOSE_MODE:
-        shared = found.st_mode & stat.S_ISVTX  # /tmp: everyone's, and meant to stay so
-        raise UsageError(
-            f"{named} {root}: writable by group or others (mode {found.st_mode & 0o7777:04o}): "
-            "another user could plant a job there",
-            f"pass a folder of yours inside it, made private: --job-dir {root / 'dtrain-jobs'}"
-            if shared
-            else f"chmod go-w {root}, or pass another --job-dir",
-        )
+    shared = root.stat().st_mode & stat.S_ISVTX  # /tmp: everyone's, and meant to stay so
+    raise UsageError(
+        f"{named} {root}: {doubt.why()}: another user could plant a job there",
+        f"pass a folder of yours inside it, made private: --job-dir {root / 'dtrain-jobs'}"
+        if shared
+        else f"chmod go-w {root}, or pass another --job-dir",
+    )
 
 
 DEFAULT_ROOT_SHOWN = "~/.dtrain/jobs"
-
-
-def check_parents(root: Path, named: str) -> None:
-    """The folders above the root, as OpenSSH checks those above ``~/.ssh``: another user
-    who may rename an entry of one (it is theirs, or group/others may write it without the
-    sticky bit that /tmp has) could swap the root for one of their own."""
-    for parent in Path(os.path.abspath(root)).parents:
-        try:
-            found = parent.stat()
-        except (OSError, ValueError):
-            continue  # not there (yet): made private with the root
-        loose = found.st_mode & LOOSE_MODE and not found.st_mode & stat.S_ISVTX
-        if found.st_uid not in (os.geteuid(), 0) or loose:
-            whose = (
-                f"owned by {user_name(found.st_uid)}"
-                if not loose
-                else (f"writable by group or others (mode {found.st_mode & 0o7777:04o})")
-            )
-            raise UsageError(
-                f"{named} {root}: its folder {parent} is {whose}: another user could swap "
-                "the jobs for their own",
-                f"chmod go-w {parent}, or pass a --job-dir in a folder of yours",
-            )
-
-
-def user_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 def read_json(path: Path) -> Any:
