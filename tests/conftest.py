@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 DTRAIN = [sys.executable, "-m", "launcher"]
 MARK = "DTRAIN_TEST_MARK"
 JOBS = Path(tempfile.mkdtemp(prefix="dtrain-test-jobs-"))  # job directories of this test run
+JOBS_OWNER = os.getpid()  # the pytest process that made JOBS removes it at its end
 
 
 def child_env() -> dict[str, str]:
@@ -272,11 +273,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:
-    """Counts what ``-m`` left out, by the first marker of NEEDS a test has."""
+    """Counts what ``-m`` left out, by the first marker of NEEDS a test has: not what ``-k``
+    left out (pytest calls this hook for both; ``-k plan`` leaves out no test by what it
+    needs)."""
     for item in items:
         marker = next((name for name in NEEDS if item.get_closest_marker(name)), None)
-        if marker:
+        if marker and left_out_by_marker(item):
             LEFT_OUT[marker] += 1
+
+
+def left_out_by_marker(item: pytest.Item) -> bool:
+    """Whether ``-m`` leaves ``item`` out, and ``-k`` (if given) would have kept it."""
+    from _pytest.mark import KeywordMatcher, MarkMatcher
+    from _pytest.mark.expression import Expression
+
+    marks, keywords = item.config.option.markexpr, item.config.option.keyword.lstrip()
+    if not marks or Expression.compile(marks).evaluate(
+        MarkMatcher.from_markers(item.iter_markers())
+    ):
+        return False
+    return not keywords or Expression.compile(keywords).evaluate(KeywordMatcher.from_item(item))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The run's job directories go with it (a pytest process left one in /tmp each)."""
+    if os.getpid() == JOBS_OWNER:  # (not a process that imported this module to use it)
+        import shutil
+
+        shutil.rmtree(JOBS, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

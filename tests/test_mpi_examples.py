@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,8 +24,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import MARK, REPO, child_env
-
-pytestmark = pytest.mark.slow  # real MPI programs end to end
 
 np = pytest.importorskip("numpy")
 
@@ -58,7 +56,12 @@ def mpi_unavailable() -> str | None:
     return None
 
 
-needs_mpi = pytest.mark.skipif(mpi_unavailable() is not None, reason=str(mpi_unavailable()))
+_mpi_skip = pytest.mark.skipif(mpi_unavailable() is not None, reason=str(mpi_unavailable()))
+
+
+def needs_mpi(test: Callable[..., None]) -> Callable[..., None]:
+    """A test under real mpirun: slow (the fast lane runs the pure tests of this file only)."""
+    return pytest.mark.slow(_mpi_skip(test))
 
 
 def run_mpi(ranks: int, script: Path, *args: str, mark: str) -> subprocess.CompletedProcess[str]:
