@@ -61,7 +61,8 @@ _mpi_skip = pytest.mark.skipif(mpi_unavailable() is not None, reason=str(mpi_una
 
 def needs_mpi(test: Callable[..., None]) -> Callable[..., None]:
     """A test under real mpirun: slow (the fast lane runs the pure tests of this file only)."""
-    return pytest.mark.slow(_mpi_skip(test))
+    marked: Callable[..., None] = pytest.mark.slow(_mpi_skip(test))
+    return marked
 
 
 def run_mpi(ranks: int, script: Path, *args: str, mark: str) -> subprocess.CompletedProcess[str]:
