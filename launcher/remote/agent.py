@@ -51,13 +51,11 @@ START_MARK = b"\0dtrain-agent-frames\0"
 SILENCE_S = 30.0  # unless the config says otherwise (the launcher's --host-timeout)
 HEARTBEAT_S = 5.0  # how often the agent says it lives (unless its config says otherwise)
 WINDOW_BYTES = 2 << 20  # a run's output in flight to the launcher, at most
+PY_SPY_TIMEOUT_S = 20.0
 
 
 def encode(rank: int, kind: int, payload: bytes) -> bytes:
     return HEADER.pack(rank, kind, len(payload)) + payload
-
-
-PY_SPY_TIMEOUT_S = 20.0
 
 
 def program_pid(watchdog_pid: int) -> "int | None":
@@ -410,6 +408,7 @@ class Agent:
 
     def start(self, rank: int, spec: dict) -> None:  # type: ignore[type-arg]
         watchdog = self.watchdog_code()
+        watchdog["hold_tree"](spec.get("cwd"))  # --sync: no other sync prunes its tree
         # lifeline, stdout, stderr, and the watchdog's report (out of the program's reach)
         (lifeline, ours_in), (ours_out, out), (ours_err, err), (ours_status, status) = (
             os.pipe() for _ in range(4)

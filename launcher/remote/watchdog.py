@@ -385,6 +385,41 @@ def enter_remote_spec(spec: "dict[str, Any]", status_fd: int) -> None:
             os._exit(2)
 
 
+TREES_MARK = ".dtrain-trees"  # (remote/syncrecv.py's) beside every tree of a --sync cache
+held_trees: "dict[str, int]" = {}  # --sync: each tree a rank of this agent uses, locked
+
+
+def hold_tree(cwd: "str | None") -> None:
+    """--sync: a shared ``flock`` on the synced tree ``cwd`` is in (a folder beside the
+    user's own ``TREES_MARK``), held by the agent for the job's life (it ends with it), so
+    that no later sync to this host prunes the tree: prune locks a tree exclusively without
+    waiting and skips it when it cannot."""
+    path = cwd or ""
+    while path and path != os.path.dirname(path):
+        try:
+            mark = os.lstat(os.path.join(os.path.dirname(path), TREES_MARK))
+            if mark.st_uid == os.geteuid() and mark.st_mode & 0o170000 == 0o100000:
+                break
+        except OSError:
+            pass
+        path = os.path.dirname(path)
+    else:
+        return
+    if path in held_trees:
+        return
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # (gone: the rank cannot enter it, and says so)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        held_trees[path] = fd
+    except OSError:  # being removed: as above
+        os.close(fd)
+
+
 def take_pipes(fds: "list[int] | tuple[int, ...]") -> int:
     """In a forked watchdog: the lifeline, stdout and stderr become fds 0-2 and every other
     fd but the status pipe is closed (the parent's pipes, sockets, selector); the status fd."""

@@ -19,9 +19,27 @@ from typing import Any
 
 from launcher.base.errors import UsageError
 from launcher.base.log import LOG
+from launcher.base.userfiles import HOSTFILE_LIMIT, read_user_bytes
 from launcher.core.synctree import SyncEntry, check_size, link_target
+from launcher.remote.syncrecv import escapes
 
 HASH_CHUNK = 1 << 20
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+UNREADABLE_HINT = "make it readable, or list it in .gitignore"
+
+
+def unreadable(folder: str, name: str, exc: OSError) -> UsageError:
+    """The one line for an entry of DIR that cannot be read (before anything is sent)."""
+    shown = os.path.join(folder, name) if name != "." else folder
+    why = (exc.strerror or type(exc).__name__).lower()
+    return UsageError(f"--sync {folder}: cannot read {shown} ({why})", UNREADABLE_HINT)
+
+
+def changed(entry: SyncEntry) -> UsageError:
+    return UsageError(
+        f"{entry.path} changed while syncing: run again",
+        "wait until it is written, or list it in .gitignore",
+    )
 
 
 def git_listing(folder: str) -> list[str] | None:
@@ -47,7 +65,8 @@ def ignore_spec(folder: Path) -> Any:
         return None
     import pathspec  # loaded when a folder without git is synced
 
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    data = read_user_bytes(str(path), "--sync: the ignore file", HOSTFILE_LIMIT)
+    lines = data.decode("utf-8", errors="replace").splitlines()
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
@@ -72,7 +91,13 @@ def walk_listing(folder: str) -> list[str]:
         spec = ignore_spec(here)
         if spec is not None:
             specs = [*specs, (relative, spec)]
-        for item in sorted(os.scandir(here), key=lambda e: e.name):
+        try:
+            items = sorted(os.scandir(here), key=lambda e: e.name)
+        except FileNotFoundError:  # (removed while listed)
+            return
+        except OSError as exc:
+            raise unreadable(folder, relative or ".", exc) from None
+        for item in items:
             path = relative + item.name
             is_dir = item.is_dir(follow_symlinks=False)
             if item.name == ".git" or ignored(specs, path, is_dir):
@@ -94,19 +119,37 @@ def list_entries(folder: str) -> list[SyncEntry]:
     LOG.debug("--sync %s: %s", folder, "git's file list" if names is not None else ".gitignore")
     entries = []
     for name in names if names is not None else walk_listing(root):
+        path = os.path.join(root, name)
         try:
-            status = os.lstat(os.path.join(root, name))
+            status = os.lstat(path)
+            if stat.S_ISLNK(status.st_mode):
+                entries.append(link_entry(root, name, os.readlink(path)))
+            elif stat.S_ISREG(status.st_mode):
+                if not os.access(path, os.R_OK):
+                    raise PermissionError(13, "permission denied")
+                executable = bool(status.st_mode & stat.S_IXUSR)
+                entries.append(SyncEntry(name, "file", status.st_size, executable))
+            else:  # a git submodule's folder, a socket, a fifo: not code to send
+                LOG.debug("--sync %s: skipping %s (not a file or a link)", folder, name)
         except FileNotFoundError:  # deleted but still in git's index
             continue
-        if stat.S_ISLNK(status.st_mode):
-            target = link_target(name, os.readlink(os.path.join(root, name)), root)
-            entries.append(SyncEntry(name, "link", target=target))
-        elif stat.S_ISREG(status.st_mode):
-            executable = bool(status.st_mode & stat.S_IXUSR)
-            entries.append(SyncEntry(name, "file", status.st_size, executable))
-        else:  # a git submodule's folder, a socket, a fifo: not code to send
-            LOG.debug("--sync %s: skipping %s (not a file or a link)", folder, name)
+        except OSError as exc:
+            raise unreadable(folder, name, exc) from None
     return entries
+
+
+def link_entry(root: str, name: str, target: str) -> SyncEntry:
+    """A link kept as a link: its target as written must stay inside DIR (``root``, real),
+    and so must where it really leads, its links followed one by one inside DIR as they will
+    be on the hosts (``ln -s . a; ln -s a/a/../.. up`` leaves DIR though ``a/a/../..`` reads
+    as ``.``)."""
+    kept = link_target(name, target, root)
+    if escapes(root, name, absolute_root=root):
+        raise UsageError(
+            f"--sync {root}: the link {name} points outside it (to {target}, through links)",
+            "copy the file it points to into the folder, or add the link to .gitignore",
+        )
+    return SyncEntry(name, "link", target=kept)
 
 
 def hash_entries(folder: str, entries: Sequence[SyncEntry]) -> list[SyncEntry]:
@@ -118,9 +161,8 @@ def hash_entries(folder: str, entries: Sequence[SyncEntry]) -> list[SyncEntry]:
             hashed.append(entry)
             continue
         digest = hashlib.sha256()
-        with open(os.path.join(root, entry.path), "rb") as f:
-            while chunk := f.read(HASH_CHUNK):
-                digest.update(chunk)
+        for chunk in read_file(root, entry, None):
+            digest.update(chunk)
         hashed.append(
             SyncEntry(entry.path, "file", entry.size, entry.executable, digest.hexdigest())
         )
@@ -136,16 +178,41 @@ def scan_folder(folder: str, max_bytes: int) -> list[SyncEntry]:
     return entries
 
 
-def read_blobs(folder: str, entry: SyncEntry) -> Iterator[bytes]:
-    """A file's bytes in chunks, exactly as many as when it was listed."""
-    left = entry.size
-    with open(os.path.join(os.path.realpath(folder), entry.path), "rb") as f:
-        while left:
-            chunk = f.read(min(HASH_CHUNK, left))
+def read_file(root: str, entry: SyncEntry, size: int | None) -> Iterator[bytes]:
+    """A listed file's bytes in chunks (``size`` of them, else to its end); no link is
+    followed and nothing but a regular file is read (one swapped for a FIFO never hangs)."""
+    try:
+        fd = os.open(os.path.join(root, entry.path), READ_FLAGS)
+    except FileNotFoundError:
+        raise changed(entry) from None
+    except OSError as exc:
+        raise unreadable(root, entry.path, exc) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise changed(entry)
+        left = entry.size if size is None else size
+        while left > 0 or size is None:
+            try:
+                chunk = os.read(fd, HASH_CHUNK if size is None else min(HASH_CHUNK, left))
+            except OSError as exc:
+                raise unreadable(root, entry.path, exc) from None
             if not chunk:
-                raise UsageError(
-                    f"--sync {folder}: {entry.path} changed while it was sent",
-                    "run again once it is written",
-                )
+                break
             left -= len(chunk)
             yield chunk
+        if size is not None and left:
+            raise changed(entry)
+    finally:
+        os.close(fd)
+
+
+def read_blobs(folder: str, entry: SyncEntry) -> Iterator[bytes]:
+    """A file's bytes in chunks, exactly as many as when it was listed, and the same bytes
+    as when it was hashed (else "changed while syncing", after its last chunk: the receiver
+    would refuse them too)."""
+    digest = hashlib.sha256()
+    for chunk in read_file(os.path.realpath(folder), entry, entry.size):
+        digest.update(chunk)
+        yield chunk
+    if digest.hexdigest() != entry.digest:
+        raise changed(entry)

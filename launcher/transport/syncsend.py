@@ -9,12 +9,12 @@ ends the receiver, which removes what it had half written.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launcher import remote
-from launcher.base.errors import HostConnectionError
+from launcher.base.errors import HostConnectionError, UsageError
 from launcher.core.command import build_remote_command
 from launcher.core.synctree import SyncEntry
 from launcher.remote.syncrecv import MARK
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 RECEIVER_SOURCE = remote.source("syncrecv")
 DEFAULT_CACHE = "~/.cache/dtrain/sync"  # on each host, in the user's home
-KEEP_TREES = 5  # trees kept per user and host: the ones used last
+KEEP_TREES = 5  # trees kept per user and host: the ones used last (and any in use)
+CHANGED_HINT = "wait until it is written, or list it in .gitignore"
 SHOWN_LINES = 20  # lines of a login shell's chatter skipped at most before an answer
 
 
@@ -59,17 +60,17 @@ def sync_to_host(
         channel.settimeout(timeout_s)
         channel.sendall(json.dumps({"key": key, "entries": rows}).encode() + b"\n")
         lines = channel.makefile("rb")
-        reply = read_answer(lines, channel, name)
+        by_blob = {e.blob: e for e in entries if e.kind == "file"}
+        reply = read_answer(lines, channel, name, by_blob)
         sent_files = sent_bytes = 0
         if "missing" in reply:
-            by_blob = {e.blob: e for e in entries if e.kind == "file"}
             for blob in reply["missing"]:
                 entry = by_blob[blob]
                 for chunk in read_blob(entry):
                     channel.sendall(chunk)
                 sent_files, sent_bytes = sent_files + 1, sent_bytes + entry.size
             channel.settimeout(max(timeout_s, 60.0))  # building a large tree takes a while
-            reply = read_answer(lines, channel, name)
+            reply = read_answer(lines, channel, name, by_blob)
         return SyncResult(name, str(reply["tree"]), sent_files, sent_bytes)
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise HostConnectionError(
@@ -80,8 +81,11 @@ def sync_to_host(
         channel.close()
 
 
-def read_answer(lines: Any, channel: Any, name: str) -> dict[str, Any]:
-    """The receiver's next answer (after what a login shell may print), or its error."""
+def read_answer(
+    lines: Any, channel: Any, name: str, by_blob: Mapping[str, SyncEntry]
+) -> dict[str, Any]:
+    """The receiver's next answer (after what a login shell may print), or its error: its
+    refusal as it says it (content unlike its digest: a file changed while it was sent)."""
     for _ in range(SHOWN_LINES):
         line = lines.readline()
         if not line:
@@ -89,7 +93,12 @@ def read_answer(lines: Any, channel: Any, name: str) -> dict[str, Any]:
         text = line.decode("utf-8", "replace")
         if text.startswith(MARK):
             found: dict[str, Any] = json.loads(text[len(MARK) :])
-            return found
+            if "refused" not in found:
+                return found
+            changed = by_blob.get(str(found.get("blob")))
+            if changed is not None:
+                raise UsageError(f"{changed.path} changed while syncing: run again", CHANGED_HINT)
+            raise HostConnectionError(f"{name}: {found['refused']}", found.get("hint") or None)
     channel.status_event.wait(5.0)  # its error comes with its end
     errors = bytearray()
     while channel.recv_stderr_ready():
