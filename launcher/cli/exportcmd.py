@@ -185,11 +185,10 @@ def export_k8s(**options: Any) -> int:
     """
     from launcher.core.env import resolve_env_args
     from launcher.core.manifest import kube_config, plain_values_notice, render_manifest
-    from launcher.run.survey import read_text
+    from launcher.run.namedfiles import read_env_files
 
     config, kube = kube_config(options)
-    files = [(path, read_text(path, "--env-file")) for path in config.env.env_files]
-    env = resolve_env_args(config.env.exports, files, os.environ)
+    env = resolve_env_args(config.env.exports, read_env_files(config.env.env_files), os.environ)
     click.echo(render_manifest(config, kube, env), nl=False)
     notice = plain_values_notice(env)
     if notice is not None:

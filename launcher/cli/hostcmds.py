@@ -95,6 +95,7 @@ def check(
     --network, the network between them."""
     import json
 
+    from launcher.run.namedfiles import check_ssh_files
     from launcher.run.survey import check_hosts
     from launcher.view.reports import print_check_report
 
@@ -108,6 +109,7 @@ def check(
     if given and not network:
         raise UsageError(f"{given[0]} is an option of check --network", "add --network")
     found = hosts_given(host_lists, hostfile)
+    check_ssh_files(pick(SshConfig, options))
     if network:
         return check_network(found, pick(SshConfig, options), as_json, no_allreduce, **network_only)
     rows = check_hosts(found, pick(SshConfig, options), dict(os.environ))

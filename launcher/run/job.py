@@ -23,12 +23,12 @@ from launcher.core.config import JobConfig, validate_config
 from launcher.core.env import resolve_env_args
 from launcher.loop.interpreter import INTERPRETER
 from launcher.run.attempt import Attempt, Frontend, JobOutcome, OpenTransport, SurveyHosts
+from launcher.run.namedfiles import check_ssh_files, read_env_files
 from launcher.run.restarts import run_attempts
 from launcher.run.survey import (
     Survey,
     allocation_hosts,
     hostfile_shorthand,
-    read_text,
     shorthand_notice,
     slurm_allocation,
     survey_hosts,
@@ -71,8 +71,8 @@ def run_job(
     note = interpreter_note(config.command, environ)
     if note:
         frontend.notice(note)
-    files = [(path, read_text(path, "--env-file")) for path in config.env.env_files]
-    extra = resolve_env_args(config.env.exports, files, environ)
+    extra = resolve_env_args(config.env.exports, read_env_files(config.env.env_files), environ)
+    check_ssh_files(config.ssh)
     job_id = config.job_id or new_job_id()
     attempt = Attempt(
         config=config,

@@ -25,6 +25,7 @@ from launcher.core.plan import Cpu, Plan
 from launcher.core.specs import Site
 from launcher.remote.probe import cpus as probe_cpus
 from launcher.remote.probe import port_refusal
+from launcher.run.namedfiles import discovery_output, read_hostfile
 from launcher.run.preflight import check_master_port, explicit_script, is_file, python_script
 from launcher.run.syncing import prepare_sync, sync_hosts
 from launcher.transport.local import detect_local_gpus, find_free_ports
@@ -37,16 +38,6 @@ if TYPE_CHECKING:
 
 GPU_BUSY_UTILIZATION = 5  # percent
 GPU_BUSY_MEMORY_MIB = 500
-
-
-def read_text(path: str, what: str) -> str:
-    """A user-named file's text; a missing or unreadable file is a usage error."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{what} {path}: no such file", "check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{what} {path}: cannot read it: {exc}", "check the file") from None
 
 
 def slurm_allocation(config: JobConfig, environ: Mapping[str, str]) -> Allocation | None:
@@ -93,7 +84,7 @@ def read_hosts(
     """Hosts from -H and --hostfile; localhost with ``default_slots`` when neither is given."""
     check_host_sources(tuple(host_lists), hostfile)
     if hostfile:
-        return parse_hostfile(read_text(hostfile, "--hostfile"), source=hostfile)
+        return parse_hostfile(read_hostfile(hostfile), source=hostfile)
     if host_lists:
         for spec in host_lists:  # each -H on its own first: errors name the list given
             found = parse_host_list(spec, source="-H")
@@ -108,25 +99,9 @@ DISCOVERY_TIMEOUT_S = 30.0
 
 def discover_hosts(script: str) -> list[Host]:
     """Run ``--host-discovery-script`` (horovodrun's): one ``host[:slots]`` per line."""
-    import subprocess
-
-    try:
-        done = subprocess.run(
-            [script], capture_output=True, text=True, timeout=DISCOVERY_TIMEOUT_S, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(
-            f"--host-discovery-script {script}: cannot run it ({exc})",
-            "give an executable that prints one host[:slots] per line",
-        ) from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UsageError(
-            f"--host-discovery-script {script}: exit code {done.returncode} ({last})",
-            "the script must exit 0 and print one host[:slots] per line",
-        )
     # (a bare line is 1 slot: hosts come and go between surveys, horovodrun's way)
-    return parse_hostfile(done.stdout, source=script, bare_on_host=False)
+    text = discovery_output(script, DISCOVERY_TIMEOUT_S)
+    return parse_hostfile(text, source=script, bare_on_host=False)
 
 
 def hostfile_shorthand(host_lists: Sequence[str]) -> str | None:

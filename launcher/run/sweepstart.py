@@ -32,7 +32,8 @@ from launcher.core.sweep import (
     unused_params,
     variable_name,
 )
-from launcher.run.survey import hostfile_shorthand, read_hosts, read_text
+from launcher.run.namedfiles import check_ssh_files, read_env_files
+from launcher.run.survey import hostfile_shorthand, read_hosts
 from launcher.run.sweeprecord import (
     SWEEPS,
     Sweep,
@@ -198,8 +199,9 @@ def check_sweep(
             base, Path(), settings.np_per_trial, trial, "check", Path("hosts"), 1, "metrics"
         )
         validate_config(config)
-        files = [(path, read_text(path, "--env-file")) for path in config.env.env_files]
+        files = read_env_files(config.env.env_files)
         resolve_env_args(config.env.exports, files, environ)  # as dtrain run refuses them
+        check_ssh_files(config.ssh)
     return trials, hosts
 
 

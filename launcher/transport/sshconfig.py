@@ -5,6 +5,7 @@ User, IdentityFile, ProxyJump, known_hosts files), and ProxyJump's host lists.""
 from __future__ import annotations
 
 import getpass
+import os
 import threading
 import weakref
 from dataclasses import dataclass, replace
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.base.errors import HostConnectionError
+from launcher.base.userfiles import TEXT_LIMIT, read_user_text
 from launcher.core.hosts import Host
 from launcher.transport.sshlib import paramiko
 
@@ -48,20 +50,20 @@ class SshTarget:
 
 
 def load_ssh_config(settings: SshSettings) -> paramiko.SSHConfig:
-    path = Path(settings.config_file or "~/.ssh/config").expanduser()
+    """``--ssh-config FILE`` (``/dev/null``: none, as ``ssh -F /dev/null``), else
+    ``~/.ssh/config`` where there is one; each read as a file the user names (a regular file
+    of at most 1 MiB: ``base/userfiles.py``)."""
+    if settings.config_file:
+        path = Path(settings.config_file).expanduser()
+        text = read_user_text(str(path), "--ssh-config", TEXT_LIMIT, null_ok=True)
+    else:
+        path = Path("~/.ssh/config").expanduser()
+        if not os.path.lexists(path):
+            return paramiko.SSHConfig()
+        text = read_user_text(str(path), "the ssh config", TEXT_LIMIT)
     try:
-        is_file = path.is_file()
-    except (OSError, ValueError):  # a name too long for a file, say: no such file
-        is_file = False
-    if settings.config_file and not is_file:
-        raise HostConnectionError(
-            f"--ssh-config {settings.config_file}: no such file", "check the path"
-        )
-    if not is_file:
-        return paramiko.SSHConfig()
-    try:
-        return paramiko.SSHConfig.from_path(str(path))
-    except (OSError, paramiko.SSHException, ValueError) as exc:
+        return paramiko.SSHConfig.from_text(text)
+    except (paramiko.SSHException, ValueError) as exc:
         raise HostConnectionError(
             f"{path}: cannot read the ssh config: {exc}", "fix the file"
         ) from None
