@@ -8,6 +8,7 @@ the trials that did not finish.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -15,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from launcher.base.errors import UsageError
+from launcher.base.userfiles import RECORD_LIMIT, read_user_text
 from launcher.core.config import JobConfig, config_from_json, config_to_json
 from launcher.core.hosts import Host
 from launcher.core.sweep import Distribution, Params, SearchSpace, TrialRow, Value
-from launcher.streams.jobdir import process_start, read_json, write_json
+from launcher.streams.jobdir import process_start, write_json
 
 SWEEPS = "sweeps"  # under the job directory root: one directory per sweep
 RECORD = "sweep.json"
@@ -140,7 +142,7 @@ def load_sweep(
     """A recorded sweep, for ``--resume``: its config with the -x values given again, and
     the hosts and settings the resume command line gives instead of the recorded ones."""
     path = find_sweep(root, wanted)
-    record = read_json(path / RECORD) or {}
+    record = read_record(path)
     pid, started = int(record.get("launcher_pid", 0)), record.get("launcher_start")
     if record.get("state") == "running" and pid != os.getpid() and process_start(pid) == started:
         raise UsageError(f"sweep {path.name} is running (pid {pid})", "let it end, or stop it")
@@ -152,21 +154,44 @@ def load_sweep(
             "are not recorded",
             "give them again: " + " ".join(f"-x {name}=..." for name in missing),
         )
-    base = config_from_json(record["config"])
-    base = replace(base, env=replace(base.env, exports=(*record.get("exports", []), *exports)))
-    settings = replace(SweepSettings(**record["settings"]), **overrides)
-    sweep = Sweep(
-        id=path.name,
-        path=path,
-        root=root,
-        base=base,
-        hosts=list(hosts) if hosts else [Host(**h) for h in record["hosts"]],
-        settings=settings,
-        space=space_from_json(record["space"]),
-        trials=[trial_from_json(t) for t in record["trials"]],
-    )
+    try:
+        base = config_from_json(record["config"])
+        exports = (*record.get("exports", []), *exports)
+        settings = replace(SweepSettings(**record["settings"]), **overrides)
+        sweep = Sweep(
+            id=path.name,
+            path=path,
+            root=root,
+            base=replace(base, env=replace(base.env, exports=exports)),
+            hosts=list(hosts) if hosts else [Host(**h) for h in record["hosts"]],
+            settings=settings,
+            space=space_from_json(record["space"]),
+            trials=[trial_from_json(t) for t in record["trials"]],
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # (not what dtrain wrote)
+        raise damaged(path, f"{type(exc).__name__}: {exc}") from None
     check_fits(sweep.hosts, settings)
     return sweep
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A sweep's record read back for ``--resume``, as a file the user names (the job root
+    may be any folder): a regular file of at most 64 MiB holding a JSON object."""
+    text = read_user_text(str(path / RECORD), f"--resume {path.name}: its record", RECORD_LIMIT)
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise damaged(path, f"not JSON: line {getattr(exc, 'lineno', '?')}") from None
+    if not isinstance(record, dict):
+        raise damaged(path, f"a JSON {type(record).__name__}, not an object")
+    return record
+
+
+def damaged(path: Path, why: str) -> UsageError:
+    return UsageError(
+        f"--resume {path.name}: its record {path / RECORD} is damaged ({why})",
+        "start the sweep again without --resume",
+    )
 
 
 def space_from_json(data: Mapping[str, Any]) -> SearchSpace:
