@@ -255,3 +255,22 @@ def foreign_folder(folder: str, environ: Mapping[str, str]) -> int | None:
     if owner is None or owner in (os.geteuid(), 0):
         return None
     return None if is_inside(folder, trusted_folders(environ)) else owner
+
+
+def others_may_write(path: str, environ: Mapping[str, str]) -> Doubt | None:
+    """A file the user names (``--config FILE``) is read whoever owns it, but not when group
+    or others may write it (group write is fine where the group is its owner's own, or the
+    file is in a trusted folder; a missing file is the reader's to say)."""
+    doubt = writable_doubt(path, ())
+    if doubt is None or doubt.mode & OTHERS_WRITE:
+        return doubt
+    return writable_doubt(path, trusted_folders(environ))
+
+
+def writable_doubt(path: str, trusted: Sequence[str]) -> Doubt | None:
+    """``entry_doubt`` of ``path`` itself as if the user owned it: who may write it."""
+    try:
+        owner = os.stat(path).st_uid
+    except (OSError, ValueError):
+        return None
+    return entry_doubt(path, os.path.abspath(path), False, trusted, owner)

@@ -37,7 +37,7 @@ OPTION_GROUPS: tuple[tuple[str, str], ...] = (
         "follow tag_format output_dir color as_json plain quiet ranks local_ranks collapse "
         "collapse_window_s lossy verbose",
     ),
-    ("Job", "dry_run detach job_dir no_config"),
+    ("Job", "dry_run detach job_dir project_file no_config"),
     (
         "Restarts",
         "max_restarts restart_workers restart_delay_s min_np max_np host_discovery_script "

@@ -105,11 +105,20 @@ COMMAND = click.argument("command", nargs=-1, required=True, type=click.UNPROCES
 JOB_DIR_OPTION = option(
     "--job-dir", "Where job directories live (default ~/.dtrain/jobs).", metavar="DIR"
 )
-# The project file (dtrain.toml or pyproject.toml's [tool.dtrain], cli/projectfile.py).
-NO_CONFIG_OPTION = option(
-    "--no-config",
-    "Ignore the project file (dtrain.toml, or [tool.dtrain] in pyproject.toml, here or above).",
-    is_flag=True,
+# The project file (dtrain.toml or pyproject.toml's [tool.dtrain], cli/projectfile.py): the
+# one named, or none; every command that reads the file has both.
+NO_CONFIG_OPTION = stacked(
+    option(
+        "--config project_file",
+        "Read this project file (a dtrain.toml, or a pyproject.toml's [tool.dtrain]) instead "
+        "of looking here and above.",
+        metavar="FILE",
+    ),
+    option(
+        "--no-config",
+        "Ignore the project file (dtrain.toml, or [tool.dtrain] in pyproject.toml, here or above).",
+        is_flag=True,
+    ),
 )
 
 SECONDS = {"metavar": "SECONDS", "show_default": True}

@@ -24,13 +24,14 @@ if TYPE_CHECKING:  # (the rest is imported once a file is found: a launch withou
 
     import click
 
-    from launcher.core.projectfile import Key, Kind, PathKind, Setting, Source
+    from launcher.core.projectfile import Caller, Key, Kind, PathKind, Setting, Source
 
 FILE_NAME = "dtrain.toml"
 PYPROJECT = "pyproject.toml"
 PYPROJECT_TABLE = ("tool", "dtrain")
 # A pyproject.toml is parsed only when a line of it starts dtrain's table or a key in it.
 NAMES_DTRAIN = r"""^\s*((\[\s*)?tool\s*\.\s*["']?dtrain\b|["']?dtrain["']?\s*=)"""
+MANUAL_HINT = "see docs/project-file.md"
 API_CALL = "dtrain.api_call"  # ctx.meta key: launch()'s, the options its keywords give
 PATH_METAVARS: dict[str, PathKind] = {
     "FILE": "file",
@@ -43,15 +44,36 @@ PATH_METAVARS: dict[str, PathKind] = {
 
 def with_project_file(options: dict[str, Any]) -> dict[str, Any]:
     """The current command's parsed options with the project file's values under them (the
-    command's: ``run``, ``ps``, ``sweep``); unchanged with ``--no-config`` or no file."""
+    command's: ``run``, ``ps``, ``sweep``): the file ``--config`` names, else the one found
+    here or above (if it is to be trusted); unchanged with ``--no-config`` or no file."""
+    named = options.get("project_file")
     if options.get("no_config"):
+        if named is not None:
+            from launcher.base.errors import UsageError
+
+            caller = caller_of()
+            raise UsageError(
+                f"{caller.naming(str(named))} and {caller.ignore}: give one of them",
+                f"{caller.named} reads the file it names, {caller.ignore} none",
+            )
         return options
+    if named is not None:
+        return apply_project_file(named_project_file(str(named)), options)
     try:
         here = os.getcwd()
     except OSError:  # (the working directory was removed: no project around it)
         return options
-    source = find_project_file(here)
+    source = find_project_file(here, os.environ)
     return options if source is None else apply_project_file(source, options)
+
+
+def caller_of() -> Caller:
+    """Who gives the options: the command line, or launch()'s keywords."""
+    import click
+
+    from launcher.core.projectfile import API_CALLER, Caller
+
+    return API_CALLER if API_CALL in click.get_current_context().meta else Caller()
 
 
 def apply_project_file(source: Source, options: dict[str, Any]) -> dict[str, Any]:
@@ -91,9 +113,15 @@ def apply_project_file(source: Source, options: dict[str, Any]) -> dict[str, Any
     mpi = options.get("mpi") if "mpi" in given else values.get("mpi", options.get("mpi"))
     mpi = bool(mpi) or peers.get("launcher", ("", ""))[1] == "openmpi"
     merged, applied = settle(values, settings, options, given, flags, mpi)
+    caller = API_CALLER if api else Caller()
     if merged.get("dry_run") or merged.get("verbose"):
-        for line in describe(source, name, applied, API_CALLER if api else Caller()):
+        for line in describe(source, name, applied, caller):
             click.echo(line, err=True)
+    else:  # (the job's first line: whose settings steer it, every time)
+        used = [a.setting.key.name for a in applied if a.how in ("set", "added")]
+        if used:
+            names = ", ".join(dict.fromkeys(used))
+            click.echo(f"dtrain: settings from {source.path} ({names})", err=True)
     return merged
 
 
@@ -131,61 +159,113 @@ def without_unset_names(settings: list[Setting], environ: Mapping[str, str]) -> 
     return kept
 
 
-def find_project_file(start: str) -> Source | None:
-    """The nearest project file at or above ``start``, read (None: there is none)."""
+def find_project_file(start: str, environ: Mapping[str, str]) -> Source | None:
+    """The nearest project file at or above ``start``, read (None: there is none, or the
+    nearest is not to be trusted, said in one line).  The search stops at a folder of
+    another user's (not root's): what is above it is not this project's."""
+    from launcher.base.trust import foreign_folder
+
     folder = start
     while True:
-        candidate = os.path.join(folder, FILE_NAME)
-        if os.path.isfile(candidate):
-            source = read_project_file(candidate, (), start)
+        for path, prefix in candidates(folder):
+            if not trusted_here(path, prefix, environ):
+                return None
+            source = read_project_file(path, prefix, start)
+            if source is None:  # (a pyproject.toml without [tool.dtrain] after all)
+                continue
             beside = os.path.join(folder, PYPROJECT)
-            if source is not None and os.path.isfile(beside) and names_dtrain(beside):
+            if not prefix and os.path.isfile(beside) and names_dtrain(beside):
                 return replace(source, shadowed=os.path.relpath(beside, start))
             return source
-        candidate = os.path.join(folder, PYPROJECT)
-        if os.path.isfile(candidate) and names_dtrain(candidate):
-            source = read_project_file(candidate, PYPROJECT_TABLE, start)
-            if source is not None:
-                return source
         parent = os.path.dirname(folder)
-        if parent == folder:
+        if parent == folder or foreign_folder(folder, environ) is not None:
             return None
         folder = parent
 
 
+def candidates(folder: str) -> list[tuple[str, tuple[str, ...]]]:
+    """A folder's project file: its ``dtrain.toml``, else its ``pyproject.toml`` if that may
+    have a ``[tool.dtrain]`` table (with where dtrain's table is in it)."""
+    candidate = os.path.join(folder, FILE_NAME)
+    if os.path.isfile(candidate):
+        return [(candidate, ())]
+    candidate = os.path.join(folder, PYPROJECT)
+    if os.path.isfile(candidate) and names_dtrain(candidate):
+        return [(candidate, PYPROJECT_TABLE)]
+    return []
+
+
+def trusted_here(path: str, prefix: tuple[str, ...], environ: Mapping[str, str]) -> bool:
+    """Whether a project file the search found may steer the run (``base/trust.py``'s rule:
+    the user's or root's, and nothing above it writable by others); if not, one line says
+    it is ignored, why, and what to do."""
+    import click
+
+    from launcher.base.trust import trust_doubt
+
+    doubt = trust_doubt(path, environ)
+    if doubt is None:
+        return True
+    use = f"run with {caller_of().naming(path)} to use it"
+    if doubt.owner is not None:
+        hint = use
+    else:  # (a file others may write: --config refuses it too)
+        hint = doubt.fix() if doubt.at == path else f"{doubt.fix()}; or {use}"
+    table = f"'s {'.'.join(prefix)}" if prefix else ""
+    click.echo(f"dtrain: ignoring {path}{table}: {doubt.said()} (hint: {hint})", err=True)
+    return False
+
+
+def named_project_file(given: str) -> Source:
+    """The project file ``--config`` names, read as given, whoever owns it; but not one others
+    can write (its group may where the group is its owner's own, or a trusted folder's)."""
+    from launcher.base.errors import UsageError
+    from launcher.base.trust import others_may_write
+
+    named = caller_of().named
+    shown = f"{named} {given}"
+    doubt = others_may_write(given, os.environ)
+    if doubt is not None:
+        raise UsageError(
+            f"{shown}: {doubt.why()}: another user could change what it runs",
+            f"{doubt.fix()}; or copy it to a file of your own",
+        )
+    prefix = PYPROJECT_TABLE if os.path.basename(given) == PYPROJECT else ()
+    source = read_project_file(given, prefix, os.getcwd(), named)
+    if source is None:
+        raise UsageError(f"{shown}: no [tool.dtrain] table in it", MANUAL_HINT)
+    return source
+
+
 def names_dtrain(path: str) -> bool:
-    """Whether a pyproject.toml may have a ``[tool.dtrain]`` table (without parsing it)."""
+    """Whether a pyproject.toml may have a ``[tool.dtrain]`` table (without parsing it; read
+    as any found file is: a regular file, with a bound, never blocking)."""
     import re
 
+    from launcher.base.errors import UsageError
+    from launcher.base.userfiles import read_user_bytes
+
     try:
-        with open(path, encoding="utf-8", errors="replace") as file:
-            return re.search(NAMES_DTRAIN, file.read(), re.MULTILINE) is not None
-    except OSError:
+        text = read_user_bytes(path, "project file").decode("utf-8", errors="replace")
+    except UsageError:  # (unreadable, or no file after all: not a project file)
         return False
+    return re.search(NAMES_DTRAIN, text, re.MULTILINE) is not None
 
 
-def read_project_file(path: str, prefix: tuple[str, ...], here: str) -> Source | None:
+def read_project_file(
+    path: str, prefix: tuple[str, ...], here: str, named: str | None = None
+) -> Source | None:
     """The file parsed; for a pyproject.toml, its ``[tool.dtrain]`` table (None when it has
-    none after all: the search goes on above, as ruff's does)."""
+    none after all: the search goes on above, as ruff's does).  ``named``: the option that
+    named it (``--config``; the path is then shown as given)."""
     import sys
 
     from launcher.base.errors import UsageError
+    from launcher.base.userfiles import read_user_text
     from launcher.core.projectfile import MANUAL, Source
 
-    shown = os.path.relpath(path, here)
-    try:
-        with open(path, "rb") as file:
-            text = file.read().decode("utf-8")
-    except OSError as exc:
-        raise UsageError(
-            f"{shown}: cannot read the project file ({exc.strerror})",
-            "fix its permissions, or run with --no-config",
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(
-            f"{shown}: the project file is not UTF-8 text (byte {exc.start + 1})",
-            "save it as UTF-8",
-        ) from None
+    shown = path if named is not None else os.path.relpath(path, here)
+    text = read_user_text(shown, named or "project file")
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover (Python 3.10: tomli, which became tomllib)

@@ -35,6 +35,7 @@ NOT_IN_A_FILE = {
     "dry_run": "--dry-run",
     "detach": "--detach",
     "no_config": "--no-config",
+    "config": "--config FILE",
     "resume": "--resume ID",
     "retry_failed": "--retry-failed",
 }
@@ -422,9 +423,14 @@ class Caller:
 
     whose: str = "the command line's"
     ignore: str = "--no-config"
+    named: str = "--config"  # (the file to read instead: --config FILE, config='FILE')
+
+    def naming(self, path: str) -> str:
+        """``--config PATH``, or ``config='PATH'``."""
+        return f"{self.named} {path}" if self.named.startswith("-") else f"{self.named}={path!r}"
 
 
-API_CALLER = Caller("launch()'s", "no_config=True")
+API_CALLER = Caller("launch()'s", "no_config=True", "config")
 
 
 def describe(
