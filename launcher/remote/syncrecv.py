@@ -66,7 +66,7 @@ class Refused(Exception):
 
 def check_name(path: Any) -> str:
     parts = path.split("/") if isinstance(path, str) else [""]
-    if not path or path.startswith("/") or "\0" in path or any(p in ("", ".", "..") for p in parts):
+    if "\0" in parts[0] or any(p in ("", ".", "..") or "\0" in p for p in parts):
         raise Refused(f"refusing the name {path!r}: names must stay inside the tree")
     return str(path)
 
@@ -210,7 +210,7 @@ def unsafe(status: os.stat_result, uid: int, own: bool) -> str:
     if status.st_uid != uid and (own or status.st_uid != 0):
         return f"owned by {owner_name(status.st_uid)}"
     if status.st_mode & 0o022 and (own or not status.st_mode & stat.S_ISVTX):
-        return "others can write in it"
+        return f"writable by others (mode {stat.S_IMODE(status.st_mode):o})"
     return ""
 
 
