@@ -5,6 +5,7 @@ program runs; one that cannot be made fails the rank's start naming the variable
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -183,3 +184,46 @@ def test_only_a_folder_the_user_named_fails_the_start(
     else:
         assert (done.returncode, done.stdout) == (126, ""), done.stderr
         assert said[-1].startswith(f"dtrain: cannot create DTRAIN_CHECKPOINT_DIR {folder}: ")
+
+
+# -- torch's error file (TORCHELASTIC_ERROR_FILE) --------------------------------------
+
+RECORDED = (
+    "import os\n"
+    "from torch.distributed.elastic.multiprocessing.errors import record\n"
+    "@record\n"
+    "def main():\n"
+    "    if os.environ['RANK'] == '1':\n"
+    "        raise ValueError('bad batch')\n"
+    "main()\n"
+)
+
+
+@pytest.mark.slow  # a real torch program
+def test_torchs_error_file_is_0600_in_a_0700_folder(tmp_path: Path, mark: str) -> None:
+    """torch's ``@record`` writes the error file with open(path, 'w') under the umask (0644
+    before): the watchdog makes it first, empty and 0600, and it keeps that mode."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(RECORDED)
+    done = run_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "python", str(script))
+    assert done.returncode == 1, done.stderr
+    assert "rank 1 raised ValueError: bad batch" in " ".join(done.stderr.split())
+    errors = job_of(done.stderr) / "errors"
+    assert mode_of(errors) == 0o700 and mode_of(errors.parent) == 0o700
+    assert json.loads((errors / "rank.1.json").read_text())["message"]
+    assert (errors / "rank.0.json").read_bytes() == b""  # (rank 0 raised nothing)
+    assert {mode_of(errors / f"rank.{r}.json") for r in (0, 1)} == {0o600}
+
+
+def test_an_empty_error_file_is_none_written(tmp_path: Path, mark: str) -> None:
+    """A rank that fails without ``@record`` leaves its error file as the watchdog made it
+    (empty, 0600): the summary names the exit code, no exception."""
+    done = run_dtrain(
+        "run", "-np", "1", "-x", f"DTRAIN_TEST_MARK={mark}", sys.executable, "-c", "exit(3)"
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    error_file = job_of(done.stderr) / "errors" / "rank.0.json"
+    assert error_file.read_bytes() == b"" and mode_of(error_file) == 0o600
+    assert "raised" not in done.stderr
+    assert "rank 0 on localhost failed (exit code 3); dtrain exits 3" in done.stderr

@@ -268,6 +268,20 @@ def make_named_folders(env: "Mapping[str, str]") -> None:
                 continue
             os.write(2, f"dtrain: cannot create {name} {folder}: {why}\n".encode())
             not_started(126)
+    make_error_file(env.get("TORCHELASTIC_ERROR_FILE"))
+
+
+def make_error_file(path: "str | None") -> None:
+    """torch's ``@record`` writes its error file with ``open(path, "w")``, as the umask
+    makes it (0644): made here first, empty and 0600, it keeps that mode (the launcher reads
+    an empty one as none written).  One already there is left as it is."""
+    if not path:
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except OSError:
+        pass  # (there already, or no folder for it: torch says so when it writes)
 
 
 def named_by_the_user(name: str, folder: str, env: "Mapping[str, str]") -> bool:
