@@ -34,6 +34,7 @@ from launcher.core.specs import build_job_specs
 from launcher.loop.supervisor import Supervisor, TimeLimits, caught_signals
 from launcher.run.discovery import watch_discovery
 from launcher.run.inspection import open_control, report_hang
+from launcher.run.namedfiles import read_head
 from launcher.run.planning import (
     MPI4PY_WARNING,
     bind_job_gpus,
@@ -472,11 +473,10 @@ def with_raised_error(result: JobResult, specs: Sequence[LaunchSpec]) -> JobResu
     path = spec.env.get(ERROR_FILE_VARIABLE) if spec is not None else None
     if failure is None or path is None:
         return result
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            raised = parse_error_file(f.read(MAX_ERROR_FILE_BYTES))
-    except OSError:  # none written: the rank did not use @record, or died by a signal
-        return result
+    # (none written, or empty as the watchdog made it: the rank did not use @record, or
+    # died by a signal; read without blocking: the rank could put anything there)
+    written = read_head(path, MAX_ERROR_FILE_BYTES)
+    raised = parse_error_file(written.decode(errors="replace")) if written else None
     if raised is None:
         return result
     failure = replace(failure, error=raised.message, error_at=raised.raised_at)

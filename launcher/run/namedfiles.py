@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import selectors
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Sequence
@@ -58,6 +59,21 @@ def check_ssh_files(ssh: SshConfig) -> None:
     if ssh.identity:
         # (a private key is text, as OpenSSH and paramiko read it: PEM or OpenSSH's format)
         read_user_text(os.path.expanduser(ssh.identity), "--ssh-identity", SSH_KEY_LIMIT)
+
+
+def read_head(path: str, size: int) -> bytes | None:
+    """The first ``size`` bytes of a regular file (None: none there, not a regular file, or
+    unreadable): for a peek at a script, never blocking on a FIFO's open."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        return os.read(fd, size) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def run_bounded(argv: Sequence[str], limit: int, timeout_s: float) -> tuple[int, bytes, bytes]:

@@ -34,6 +34,7 @@ from launcher.core.plan import (
     with_hosts,
 )
 from launcher.core.specs import ServerProgram, Site
+from launcher.run.namedfiles import read_head
 from launcher.run.survey import Survey, allocation_hosts, discover_hosts, read_hosts
 from launcher.transport.local import detect_local_gpus
 from launcher.transport.locality import local_names
@@ -270,9 +271,6 @@ def names_mpi4py(argv: Sequence[str], cwd: str) -> bool:
         return True
     for arg in argv[:3]:
         if arg.endswith(".py"):
-            try:
-                with open(os.path.join(cwd, arg), "rb") as f:
-                    return b"mpi4py" in f.read(256 * 1024)
-            except OSError:
-                return False
+            head = read_head(os.path.join(cwd, arg), 256 * 1024)
+            return head is not None and b"mpi4py" in head
     return False

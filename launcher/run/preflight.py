@@ -20,6 +20,7 @@ from launcher.core.command import is_python_script, shebang_words
 from launcher.core.config import JobConfig
 from launcher.core.plan import Plan
 from launcher.core.specs import Site
+from launcher.run.namedfiles import read_head
 from launcher.transport.local import find_program
 
 # host, user@host or a Slurm range, with slots; or a comma list of such hosts
@@ -50,12 +51,11 @@ def file_head(path: Path) -> bytes | None:
     """The first bytes of a file here that is not executable (None: no such file, or one
     that runs as it is)."""
     try:
-        if path.is_file() and not os.access(path, os.X_OK):
-            with open(path, "rb") as f:
-                return f.read(256)
+        if os.access(path, os.X_OK):
+            return None
     except (OSError, ValueError):
-        pass
-    return None
+        return None
+    return read_head(str(path), 256)
 
 
 def python_script(config: JobConfig, workdir: str) -> bool:
