@@ -30,6 +30,7 @@ from launcher.core.projectfile import (
     settle,
 )
 from tests.conftest import DTRAIN, JOBS, child_env
+from tests.otheruser import OtherUser
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -309,7 +310,29 @@ def test_dry_run_and_verbose_say_where_each_value_came_from(project: Path) -> No
     assert "dtrain:   np = 2  (../../dtrain.toml:6 [run])" in verbose.stderr
     assert "hidden-value" not in verbose.stdout + verbose.stderr
     quiet = dtrain(project, "run", "-H", "localhost:2", "true", env=env)
-    assert "project file" not in quiet.stderr  # said only when asked
+    assert "project file" not in quiet.stderr  # the values: said only when asked
+    # ...but whose settings steer the job is its first line, every time (issue 33).
+    assert (
+        quiet.stderr.splitlines()[0]
+        == "dtrain: settings from ../../dtrain.toml (env, env_file, np)"
+    )
+    replaced = dtrain(
+        project,
+        "run",
+        "-H",
+        "localhost:1",
+        "-np",
+        "1",
+        "--env-file",
+        "/dev/null",
+        "-x",
+        "A=1",
+        "true",
+        env={**env, "FROM_ENV_FILE": "x"},
+    )
+    assert (
+        replaced.stderr.splitlines()[0] == "dtrain: settings from ../../dtrain.toml (env, env_file)"
+    )
 
 
 def test_ps_and_sweep_read_their_tables_and_the_defaults(project: Path) -> None:
@@ -491,3 +514,201 @@ def test_settle_lays_the_file_under_the_command_line() -> None:
         Applied(settings[2], "added", "exports"),
         Applied(settings[3], "set"),
     ]
+
+
+# Whose project file dtrain obeys (issue 33, item 1): a real second user plants it.
+
+PLANTED = '[run]\nnp = 2\nenv = ["PLANTED=yes"]\n'
+SHOW = ["sh", "-c", "echo PLANTED=${PLANTED:-no}"]
+
+
+def dtrain_in(
+    folder: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``dtrain ARGS`` in ``folder``, with a user config of its own (none unless written)."""
+    environ = {**child_env(), "XDG_CONFIG_HOME": str(folder / ".no-config"), **(env or {})}
+    return subprocess.run(
+        [*DTRAIN, *args], capture_output=True, text=True, timeout=60, env=environ, cwd=folder
+    )
+
+
+def values(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """The ranks' lines, without their tags (sorted)."""
+    return sorted(line.split()[-1] for line in done.stdout.splitlines())
+
+
+def planted_below(shared: Path) -> Path:
+    """A folder of ours (root's) in the shared folder: where the user works."""
+    work = shared / "work"
+    work.mkdir(mode=0o755)
+    return work
+
+
+def ignored_line(path: Path, why: str, hint: str) -> str:
+    return f"dtrain: ignoring {path}: {why} (hint: {hint})"
+
+
+def test_a_file_another_user_planted_above_is_ignored_with_one_line(
+    shared_tmp: Path, other_user: OtherUser
+) -> None:
+    planted = other_user.write(shared_tmp / "dtrain.toml", PLANTED)
+    work = planted_below(shared_tmp)
+    said = ignored_line(
+        planted, f"owned by {other_user.name}", f"run with --config {planted} to use it"
+    )
+    done = dtrain_in(work, "run", "-np", "1", *SHOW)
+    assert done.returncode == 0, done.stderr
+    assert values(done) == ["PLANTED=no"]
+    assert done.stderr.splitlines()[0] == said
+    assert "settings from" not in done.stderr
+    dry = dtrain_in(work, "run", "--dry-run", "--json", "true")
+    assert dry.returncode == 0, dry.stderr
+    ranks = json.loads(dry.stdout)
+    assert len(ranks) == 1 and "PLANTED" not in ranks[0]["env"]  # (the file's np = 2: not)
+    assert dry.stderr.splitlines() == [said]
+
+
+def test_config_reads_the_file_it_names_unless_others_may_write_it(
+    shared_tmp: Path, other_user: OtherUser
+) -> None:
+    """A file the user names is the user's choice: read whoever owns it (here the other
+    user's, 0644), but refused when others may write it (one line, exit 2)."""
+    planted = other_user.write(shared_tmp / "dtrain.toml", PLANTED)
+    work = planted_below(shared_tmp)
+    done = dtrain_in(work, "run", "--config", str(planted), "--plain", *SHOW)
+    assert done.returncode == 0, done.stderr
+    assert values(done) == ["PLANTED=yes", "PLANTED=yes"]
+    assert done.stderr.splitlines()[0] == f"dtrain: settings from {planted} (np, env)"
+    other_user.sh(f"chmod 666 '{planted}'")
+    refused = dtrain_in(work, "run", "--config", str(planted), *SHOW)
+    assert the_error(refused) == (
+        f"dtrain: error: --config {planted}: writable by group or others (mode 0666): another "
+        f"user could change what it runs (hint: chmod go-w {planted}; or copy "
+        "it to a file of your own)"
+    )
+    found = dtrain_in(work, "run", "-np", "1", *SHOW)  # found, not named: skipped, not refused
+    assert found.returncode == 0 and values(found) == ["PLANTED=no"]
+    assert found.stderr.splitlines()[0] == ignored_line(
+        planted,
+        f"owned by {other_user.name}, writable by group or others (mode 0666)",
+        f"chmod go-w {planted}",
+    )
+    both = dtrain_in(work, "run", "--config", str(planted), "--no-config", "true")
+    assert "give one of them" in the_error(both)
+
+
+def test_a_planted_pyproject_tool_dtrain_is_ignored_too(
+    shared_tmp: Path, other_user: OtherUser
+) -> None:
+    planted = other_user.write(
+        shared_tmp / "pyproject.toml", '[tool.dtrain.run]\nenv = ["PLANTED=yes"]'
+    )
+    work = planted_below(shared_tmp)
+    done = dtrain_in(work, "run", "-np", "1", *SHOW)
+    assert done.returncode == 0, done.stderr
+    assert values(done) == ["PLANTED=no"]
+    assert done.stderr.splitlines()[0] == (
+        f"dtrain: ignoring {planted}'s tool.dtrain: owned by {other_user.name} "
+        f"(hint: run with --config {planted} to use it)"
+    )
+    named = dtrain_in(work, "run", "-np", "1", "--config", str(planted), *SHOW)
+    assert named.returncode == 0, named.stderr
+    assert values(named) == ["PLANTED=yes"]
+    # A pyproject.toml of theirs without [tool.dtrain]: nothing of dtrain's, nothing said.
+    other_user.write(planted, '[project]\nname = "theirs"')
+    quiet = dtrain_in(work, "run", "-np", "1", "true")
+    assert quiet.returncode == 0 and "dtrain: ignoring" not in quiet.stderr
+
+
+def test_a_group_writable_team_folder_is_trusted_once_listed(
+    shared_tmp: Path, other_user: OtherUser, tmp_path: Path
+) -> None:
+    team = shared_tmp / "team"
+    team.mkdir()
+    os.chown(team, os.geteuid(), other_user.gid)
+    team.chmod(0o2775)  # the team (the other user's group) may write: they could swap proj
+    proj = team / "proj"
+    proj.mkdir(mode=0o755)
+    write(proj, "dtrain.toml", '[run]\nenv = ["PLANTED=team"]\n')
+    done = dtrain_in(proj, "run", "-np", "1", *SHOW)
+    assert done.returncode == 0, done.stderr
+    assert values(done) == ["PLANTED=no"]
+    assert done.stderr.splitlines()[0] == ignored_line(
+        proj / "dtrain.toml",
+        f"{team} is writable by group or others (mode 2775)",
+        f"chmod go-w {team}, or list {team} in ~/.config/dtrain/config.toml's trusted; or run "
+        f"with --config {proj / 'dtrain.toml'} to use it",
+    )
+    # Listed in the user's own config (~/.config, or $XDG_CONFIG_HOME): trusted.
+    home = tmp_path / "home"
+    (home / ".config" / "dtrain").mkdir(parents=True)
+    (home / ".config" / "dtrain" / "config.toml").write_text(f'trusted = ["{team}"]\n')
+    listed = {"HOME": str(home), "XDG_CONFIG_HOME": ""}
+    done = dtrain_in(proj, "run", "-np", "1", *SHOW, env=listed)
+    assert done.returncode == 0, done.stderr
+    assert values(done) == ["PLANTED=team"]
+    assert done.stderr.splitlines()[0] == "dtrain: settings from dtrain.toml (env)"
+    # A config others may write widens nothing: one line, exit 2.
+    (home / ".config" / "dtrain" / "config.toml").chmod(0o666)
+    assert "dtrain trusts no list there" in the_error(dtrain_in(proj, "run", "true", env=listed))
+    # Everyone's folder (o+w, not sticky): no list trusts it.
+    (home / ".config" / "dtrain" / "config.toml").chmod(0o644)
+    team.chmod(0o777)
+    done = dtrain_in(proj, "run", "-np", "1", *SHOW, env=listed)
+    assert values(done) == ["PLANTED=no"] and "ignoring" in done.stderr
+
+
+def test_the_search_stops_at_a_folder_of_another_user(
+    shared_tmp: Path, other_user: OtherUser, tmp_path: Path
+) -> None:
+    write(shared_tmp, "dtrain.toml", '[run]\nenv = ["PLANTED=above"]\n')  # ours, trusted
+    theirs = shared_tmp / "theirs"
+    other_user.sh(f"mkdir -m 755 '{theirs}'")
+    inside = theirs / "sub"
+    inside.mkdir()  # ours, in their folder
+    done = dtrain_in(inside, "run", "-np", "1", *SHOW)
+    assert done.returncode == 0, done.stderr
+    assert values(done) == ["PLANTED=no"] and "dtrain: ignoring" not in done.stderr
+    # Their own file there is said, as any file of another user's the search finds.
+    planted = other_user.write(theirs / "dtrain.toml", PLANTED)
+    done = dtrain_in(inside, "run", "-np", "1", *SHOW)
+    assert values(done) == ["PLANTED=no"]
+    assert done.stderr.splitlines()[:1] == [
+        ignored_line(
+            planted, f"owned by {other_user.name}", f"run with --config {planted} to use it"
+        )
+    ]
+    # Their folder listed as trusted: the search goes on through it.
+    other_user.run(["rm", "-f", str(planted)])
+    config = tmp_path / "config"
+    (config / "dtrain").mkdir(parents=True)
+    (config / "dtrain" / "config.toml").write_text(f'trusted = ["{theirs}"]\n')
+    done = dtrain_in(inside, "run", "-np", "1", *SHOW, env={"XDG_CONFIG_HOME": str(config)})
+    assert values(done) == ["PLANTED=above"], done.stderr
+
+
+def test_the_python_api_obeys_the_same_rule(
+    shared_tmp: Path,
+    other_user: OtherUser,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    planted = other_user.write(shared_tmp / "dtrain.toml", PLANTED)
+    monkeypatch.chdir(planted_below(shared_tmp))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(shared_tmp / "work" / ".no-config"))
+    capsys.readouterr()
+    result = launcher.launch(planted_variable, job_dir=str(JOBS), quiet=True)
+    assert result.values == (None,)
+    assert capsys.readouterr().err.splitlines()[0] == ignored_line(
+        planted, f"owned by {other_user.name}", f"run with config={str(planted)!r} to use it"
+    )
+    named = launcher.launch(planted_variable, job_dir=str(JOBS), quiet=True, config=str(planted))
+    assert named.values == ("yes", "yes")
+    assert f"dtrain: settings from {planted} (np, env)" in capsys.readouterr().err
+    other_user.sh(f"chmod 666 '{planted}'")
+    with pytest.raises(launcher.UsageError, match="writable by group or others"):
+        launcher.launch(planted_variable, job_dir=str(JOBS), config=str(planted))
+
+
+def planted_variable() -> str | None:
+    return os.environ.get("PLANTED")

@@ -201,18 +201,23 @@ def trusted_here(path: str, prefix: tuple[str, ...], environ: Mapping[str, str])
     it is ignored, why, and what to do."""
     import click
 
-    from launcher.base.trust import trust_doubt
+    from launcher.base.trust import others_may_write, trust_doubt
 
     doubt = trust_doubt(path, environ)
     if doubt is None:
         return True
+    said = doubt.said()
     use = f"run with {caller_of().naming(path)} to use it"
-    if doubt.owner is not None:
+    loose = others_may_write(path, environ)  # (then --config refuses it too)
+    if loose is not None:
+        hint = loose.fix()
+        said = f"{said}, {loose.why()}" if doubt.owner is not None else loose.said()
+    elif doubt.owner is not None:
         hint = use
-    else:  # (a file others may write: --config refuses it too)
-        hint = doubt.fix() if doubt.at == path else f"{doubt.fix()}; or {use}"
+    else:
+        hint = f"{doubt.fix()}; or {use}"
     table = f"'s {'.'.join(prefix)}" if prefix else ""
-    click.echo(f"dtrain: ignoring {path}{table}: {doubt.said()} (hint: {hint})", err=True)
+    click.echo(f"dtrain: ignoring {path}{table}: {said} (hint: {hint})", err=True)
     return False
 
 
