@@ -3,17 +3,19 @@ sender, and copies to real SSH test hosts that the ranks run in."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import sysconfig
+import time
 from pathlib import Path
 
 import pytest
 
-from launcher import remote
-from launcher.base.errors import UsageError
+from launcher.base.errors import HostConnectionError, UsageError
 from launcher.core.synctree import (
     SyncEntry,
     check_name,
@@ -24,8 +26,10 @@ from launcher.core.synctree import (
     tree_key,
 )
 from launcher.remote.syncrecv import MARK
-from launcher.run.syncfiles import hash_entries, list_entries, walk_listing
-from tests.conftest import child_env, run_dtrain
+from launcher.run.syncfiles import hash_entries, list_entries, read_blobs, walk_listing
+from launcher.transport.syncsend import read_answer
+from tests.conftest import DTRAIN, REPO, child_env, run_dtrain
+from tests.otheruser import OtherUser
 from tests.testhosts import TestHosts
 
 # ---- the tree (no SSH) ----
@@ -145,64 +149,88 @@ def test_workdir_in_the_copy() -> None:
         synced_workdir("/c/k", "/p", "/elsewhere")
 
 
-# ---- the receiver, run as it is on a host (its text, fed on stdin) ----
+# ---- the sender: links by where they lead, unreadable entries, files that change ----
 
 
-def receive(cache: Path, request: dict[str, object], blobs: bytes = b"") -> tuple[int, str, str]:
-    args = json.dumps({"root": str(cache), "keep": 2})
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", remote.source("syncrecv"), args],
-        input=json.dumps(request).encode() + b"\n" + blobs,
-        capture_output=True,
-        check=False,
-    )
-    return done.returncode, done.stdout.decode(), done.stderr.decode()
+def test_chained_links_that_leave_dir_are_refused(tmp_path: Path) -> None:
+    project = make_tree(tmp_path / "p", {"train.py": "print(1)\n", "sub/m.py": "x = 1\n"})
+    (project / "a").symlink_to(".")
+    (project / "in").symlink_to("a/a/sub/../train.py")  # (really inside: kept)
+    (project / "sub/up").symlink_to("../a/train.py")
+    assert {e.path: e.target for e in list_entries(str(project)) if e.kind == "link"} == {
+        "a": ".",
+        "in": "a/a/sub/../train.py",
+        "sub/up": "../a/train.py",
+    }
+    (project / "up4").symlink_to("a/a/a/a/../../../..")  # reads as ".", leads 4 folders up
+    with pytest.raises(UsageError, match="the link up4 points outside it"):
+        list_entries(str(project))
+    (project / "up4").unlink()
+    (project / "sub/self").symlink_to("..")
+    (project / "sub/out").symlink_to(f"{project}/sub/self/..")  # absolute, through a link
+    with pytest.raises(UsageError, match="the link sub/out points outside it"):
+        list_entries(str(project))
+
+
+def test_a_file_changed_while_syncing_is_named(tmp_path: Path) -> None:
+    project = make_tree(tmp_path, {"train.py": "print(1)\n", "data.txt": "abc"})
+    entries = {e.path: e for e in hash_entries(str(project), list_entries(str(project)))}
+    (project / "data.txt").write_text("xyz")  # same size, other bytes
+    with pytest.raises(UsageError, match=re.escape("data.txt changed while syncing: run again")):
+        list(read_blobs(str(project), entries["data.txt"]))
+    (project / "data.txt").write_text("a")  # shorter
+    with pytest.raises(UsageError, match=re.escape("data.txt changed while syncing")):
+        list(read_blobs(str(project), entries["data.txt"]))
+    # the receiver's word for it (content unlike its digest) names the file too
+    refusal = {"refused": "a file's content does not match its digest", "hint": "",
+               "blob": entries["train.py"].blob}  # fmt: skip
+    lines = io.BytesIO(b"chatter\n" + (MARK + json.dumps(refusal) + "\n").encode())
+    with pytest.raises(UsageError, match=re.escape("train.py changed while syncing: run again")):
+        read_answer(lines, None, "node1", {e.blob: e for e in entries.values()})
+
+
+def test_a_cache_refusal_is_said_as_the_host_says_it() -> None:
+    refusal = {"refused": "refusing the sync cache: /tmp/c is owned by bob", "hint": "set X"}
+    lines = io.BytesIO((MARK + json.dumps(refusal) + "\n").encode())
+    with pytest.raises(HostConnectionError) as raised:
+        read_answer(lines, None, "node1", {})
+    assert str(raised.value) == "node1: refusing the sync cache: /tmp/c is owned by bob (set X)"
+
+
+def python_for(other_user: OtherUser) -> list[str]:
+    """A way for the other user to run dtrain: this Python's version from a system path
+    (this interpreter may sit in root's home), with this checkout and its packages."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    packages = sysconfig.get_paths()["purelib"]
+    for candidate in (f"/usr/bin/{version}", f"/usr/local/bin/{version}"):
+        done = other_user.run(
+            ["env", f"PYTHONPATH={REPO}:{packages}", candidate, "-c", "import launcher, click"]
+        )
+        if done.returncode == 0:
+            return ["env", f"PYTHONPATH={REPO}:{packages}", candidate, "-m", "launcher"]
+    pytest.skip(f"no {version} the user {other_user.name} can run with this checkout")
 
 
 @pytest.mark.parametrize(
-    "row",
-    [
-        ["../escape.py", "file", 1, False, "0" * 64],
-        ["/tmp/abs.py", "file", 1, False, "0" * 64],
-        ["a/../../b", "file", 1, False, "0" * 64],
-        ["link", "link", "../../etc/passwd"],
-        ["link", "link", "/etc/passwd"],
-        ["x", "file", 1, False, "../../../etc"],
-    ],
+    ("unreadable", "named"), [("secret.txt", "secret.txt"), ("private", "private/")]
 )
-def test_receiver_refuses_names_leaving_the_tree(tmp_path: Path, row: list[object]) -> None:
-    code, out, err = receive(tmp_path / "cache", {"key": "ab12", "entries": [row]})
-    assert code == 3 and "refusing" in err and MARK not in out
-    assert not (tmp_path / "escape.py").exists() and not list(tmp_path.glob("cache/trees/*"))
-
-
-def test_receiver_builds_private_trees_and_keeps_exec_bits(tmp_path: Path) -> None:
-    make_tree(tmp_path / "p", {"run.sh": "#!/bin/sh\necho hi\n", "lib/m.py": "x = 1\n"})
-    (tmp_path / "p/run.sh").chmod(0o775)
-    (tmp_path / "p/m").symlink_to("lib/m.py")
-    entries = hash_entries(str(tmp_path / "p"), list_entries(str(tmp_path / "p")))
-    rows = [e.as_row() for e in entries]
-    blobs = {e.blob: (tmp_path / "p" / e.path).read_bytes() for e in entries if e.kind == "file"}
-    request = {"key": tree_key(entries), "entries": rows}
-    code, out, err = receive(tmp_path / "cache", request, b"".join(blobs[b] for b in sorted(blobs)))
-    assert code == 0, err
-    tree = Path(json.loads(out.splitlines()[-1][len(MARK) :])["tree"])
-    assert (tree / "run.sh").stat().st_mode & 0o777 == 0o500
-    assert (tree / "lib/m.py").stat().st_mode & 0o777 == 0o400
-    assert (tree / "lib").stat().st_mode & 0o777 == 0o700
-    assert os.readlink(tree / "m") == "lib/m.py" and (tree / "m").read_text() == "x = 1\n"
-    # again: the tree is there, nothing is asked for
-    code, out, _ = receive(tmp_path / "cache", request)
-    assert code == 0 and '"received": 0' in out and "missing" not in out
-
-
-def test_receiver_stopped_halfway_leaves_no_tree(tmp_path: Path) -> None:
-    entries = [SyncEntry("big", "file", 1000, False, "a" * 64)]
-    request = {"key": tree_key(entries), "entries": [e.as_row() for e in entries]}
-    code, _, _ = receive(tmp_path / "cache", request, b"only part")
-    assert code == 4
-    assert os.listdir(tmp_path / "cache/trees") == []
-    assert os.listdir(tmp_path / "cache/store") == []
+def test_an_unreadable_entry_is_one_line_before_anything_is_sent(
+    other_user: OtherUser, shared_tmp: Path, unreadable: str, named: str
+) -> None:
+    other_user.sh(
+        f"cd {shared_tmp}; mkdir p p/private; echo 'print(1)' > p/train.py; "
+        f"echo s > p/secret.txt; chmod 000 p/{unreadable}"
+    )
+    done = other_user.run(
+        [*python_for(other_user), "run", "--dry-run", "-np", "1", "-H", "host:1",
+         "--sync", ".", "true"],
+        cwd=shared_tmp / "p",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"dtrain: error: --sync {shared_tmp}/p: cannot read {shared_tmp}/p/{named} "
+        "(permission denied) (hint: make it readable, or list it in .gitignore)"
+    ]
 
 
 def test_over_the_size_limit_starts_nothing(tmp_path: Path) -> None:
@@ -275,3 +303,47 @@ def test_project_file_sync_keys(tmp_path: Path) -> None:
     done = run_dtrain("run", "-H", "localhost,node9", "python", "train.py", cwd=tmp_path / "sub")
     assert done.returncode == 2
     assert f"--sync {tmp_path}: " in done.stderr and "over the 4.0 KiB limit" in done.stderr
+
+
+JOB = """
+import os, sys, time
+print("STARTED", os.getcwd(), flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+print("STILL", open("data/words.txt").read().strip(), os.path.isdir(os.getcwd()), flush=True)
+"""
+
+
+@pytest.mark.sshhosts
+@pytest.mark.timeout(240)
+def test_a_running_jobs_tree_survives_syncs_of_other_code(
+    ssh_hosts: TestHosts, tmp_path: Path
+) -> None:
+    cache, go = tmp_path / "cache", tmp_path / "go"
+    env = {**child_env(), "DTRAIN_SYNC_CACHE": str(cache)}
+    common = ["--plain", "-H", "node1", "--ssh-config", str(ssh_hosts.ssh_config), "--sync", "."]
+    project = make_tree(tmp_path / "job", {"train.py": JOB, "data/words.txt": "hello"})
+    job = subprocess.Popen(
+        [*DTRAIN, "run", *common, "python", "train.py", str(go)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=project,
+    )  # fmt: skip
+    try:
+        assert job.stdout is not None
+        line = job.stdout.readline()
+        assert "STARTED" in line, line + (job.stderr.read() if job.stderr else "")
+        tree = Path(line.split()[-1])
+        old = time.time() - 7200
+        os.utime(tree, (old, old))  # (long ago: only the agent's lock keeps it)
+        for n in range(6):  # more than the 5 trees kept
+            other = make_tree(tmp_path / f"other{n}", {"train.py": f"print({n})\n"})
+            done = run_dtrain("run", *common, "python", "train.py", env=env, cwd=other)
+            assert done.returncode == 0, done.stderr
+        assert tree.is_dir() and len(os.listdir(cache / "trees")) == 1 + 7  # (and the mark)
+        go.touch()
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode == 0, err
+    assert "STILL hello True" in out, out

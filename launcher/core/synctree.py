@@ -104,16 +104,17 @@ def check_name(path: str) -> str:
 
 
 def link_target(path: str, target: str, folder: str) -> str:
-    """A link's target as kept in the copy: relative, and inside DIR (``folder``, absolute);
-    a target that leaves DIR is refused, naming the link and its target as written."""
+    """A link's target as kept in the copy: relative, and inside DIR (``folder``, absolute,
+    real) as written; a target that leaves DIR is refused, naming the link and its target as
+    written.  An absolute target under DIR becomes the same names relative to the link (its
+    ``..`` kept as written: each follows the links met on the way, as the kernel does).
+    Where the link really leads, its links followed, is the caller's check."""
     kept = target
     if posixpath.isabs(target):
-        inside = posixpath.relpath(posixpath.normpath(target), folder)
-        kept = posixpath.relpath(
-            posixpath.join(folder, inside), posixpath.join(folder, posixpath.dirname(path))
-        )
-    else:
-        inside = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+        base = folder.rstrip("/") + "/"
+        rest = target[len(base) :].lstrip("/") if (target + "/").startswith(base) else "/"
+        kept = posixpath.join(*[".."] * path.count("/"), rest or ".")
+    inside = posixpath.normpath(posixpath.join(posixpath.dirname(path), kept))
     if inside == ".." or inside.startswith("../") or posixpath.isabs(inside):
         raise UsageError(
             f"--sync {folder}: the link {path} points outside it (to {target})",

@@ -176,11 +176,11 @@ def escapes(top: str, path: str, absolute_root: str | None = None) -> bool:
         if hops > MAX_HOPS:
             return False  # a loop: every step so far stayed inside
         target = os.readlink(here)
-        if target.startswith("/"):
-            inside = os.path.relpath(os.path.normpath(target), absolute_root or "/")
-            if absolute_root is None or inside == ".." or inside.startswith("../"):
+        if target.startswith("/"):  # (its own names, not normalised: each may be a link)
+            base = (absolute_root or "").rstrip("/") + "/"
+            if absolute_root is None or not (target + "/").startswith(base):
                 return True
-            done, target = [], inside
+            done, target = [], target[len(base) :]
         todo.extend(reversed(target.split("/")))
     return False
 

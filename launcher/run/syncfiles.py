@@ -61,7 +61,10 @@ def git_listing(folder: str) -> list[str] | None:
 def ignore_spec(folder: Path) -> Any:
     """The folder's ``.gitignore`` as a matcher, or None where it has none."""
     path = folder / ".gitignore"
-    if not path.is_file():
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+    except (FileNotFoundError, NotADirectoryError):
         return None
     import pathspec  # loaded when a folder without git is synced
 
@@ -88,15 +91,15 @@ def walk_listing(folder: str) -> list[str]:
 
     def visit(relative: str, specs: list[tuple[str, Any]]) -> None:
         here = Path(folder, relative)
-        spec = ignore_spec(here)
-        if spec is not None:
-            specs = [*specs, (relative, spec)]
         try:
             items = sorted(os.scandir(here), key=lambda e: e.name)
+            spec = ignore_spec(here)
         except FileNotFoundError:  # (removed while listed)
             return
         except OSError as exc:
             raise unreadable(folder, relative or ".", exc) from None
+        if spec is not None:
+            specs = [*specs, (relative, spec)]
         for item in items:
             path = relative + item.name
             is_dir = item.is_dir(follow_symlinks=False)
