@@ -198,7 +198,7 @@ def trusted_folders(environ: Mapping[str, str]) -> tuple[str, ...]:
     from launcher.base.userfiles import read_user_text
 
     table = parse_toml(read_user_text(path, "dtrain's config"), path)
-    return checked_folders(table, path, os.path.dirname(path))
+    return checked_folders(table, path, environ.get("HOME") or home_of_user() or "/")
 
 
 def parse_toml(text: str, path: str) -> dict[str, Any]:
@@ -230,7 +230,7 @@ def checked_folders(table: Mapping[str, Any], path: str, home: str) -> tuple[str
         )
     found: list[str] = []
     for folder in folders:
-        expanded = os.path.expanduser(folder)
+        expanded = home + folder[1:] if folder == "~" or folder.startswith("~/") else folder
         if not os.path.isabs(expanded):
             raise UsageError(
                 f"{path}: trusted {folder!r} is not an absolute path", 'write e.g. "/proj/team"'

@@ -6,7 +6,14 @@
 goes up to the file system's root, past ``$HOME`` (as git and ruff do): a ``~/dtrain.toml``
 is a user's defaults for every project under home without one of its own.
 
-Looking costs a launch two ``stat`` calls per folder above the working directory; a
+A file found is used only if ``base/trust.py`` trusts it (the user's or root's, nothing above
+it writable by others but sticky folders, or in a folder the user's config lists as
+trusted); otherwise one line says it is ignored and why, and the search ends there.  It
+also ends at a folder of another user's.  ``--config FILE`` reads the file named, whoever
+owns it, but not one others may write.  Whenever the file gives the job a value, the job's
+first line says so (``dtrain: settings from ../dtrain.toml (np, env)``).
+
+Looking costs a launch three ``stat`` calls per folder above the working directory; a
 ``pyproject.toml`` is read only to see whether it names ``tool.dtrain``, and ``tomllib``
 is imported only when there is a file to parse.  The keys are the keywords of the
 command's options (``cli/keywords.py``, the Python API's table), their values parsed by
