@@ -177,14 +177,13 @@ def test_a_size_that_lies_is_refused_or_ends_with_nothing_left(tmp_path: Path) -
 
 def test_receiver_builds_private_trees_and_keeps_exec_bits(tmp_path: Path) -> None:
     tool, module = b"#!/bin/sh\necho hi\n", b"x = 1\n"
+    tool_digest, module_digest = (hashlib.sha256(c).hexdigest() for c in (tool, module))
     rows = [
-        [*file_row("run.sh", tool)[:3], True, file_row("run.sh", tool)[4]],
+        ["run.sh", "file", len(tool), True, tool_digest],
         file_row("lib/m.py", module),
         ["m", "link", "lib/m.py"],
     ]
-    blobs = {
-        str(r[4]) + ("x" if r[3] else ""): c for r, c in zip(rows, (tool, module), strict=False)
-    }
+    blobs = {tool_digest + "x": tool, module_digest: module}
     request = {"key": KEY, "entries": rows}
     code, answers, err = receive(
         tmp_path / "cache", request, b"".join(blobs[b] for b in sorted(blobs))

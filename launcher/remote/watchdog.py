@@ -404,34 +404,22 @@ held_trees: "dict[str, int]" = {}  # --sync: each tree a rank of this agent uses
 
 
 def hold_tree(cwd: "str | None") -> None:
-    """--sync: a shared ``flock`` on the synced tree ``cwd`` is in (a folder beside the
-    user's own ``TREES_MARK``), held by the agent for the job's life (it ends with it), so
-    that no later sync to this host prunes the tree: prune locks a tree exclusively without
-    waiting and skips it when it cannot."""
-    path = cwd or ""
-    while path and path != os.path.dirname(path):
-        try:
-            mark = os.lstat(os.path.join(os.path.dirname(path), TREES_MARK))
-            if mark.st_uid == os.geteuid() and mark.st_mode & 0o170000 == 0o100000:
-                break
+    """--sync: a shared ``flock`` on the synced tree ``cwd`` is in (the folder beside a
+    ``TREES_MARK``), held by the agent for the job's life, so that no later sync prunes it:
+    prune locks a tree exclusively without waiting, and skips it when it cannot.  (A mark
+    planted elsewhere costs a shared lock on a folder of the rank's path: nothing.)"""
+    path = os.path.abspath(cwd or "/")
+    while path != "/" and not os.path.isfile(os.path.join(os.path.dirname(path), TREES_MARK)):
+        path = os.path.dirname(path)
+    if path != "/" and path not in held_trees:
+        import fcntl
+
+        try:  # (a tree gone or being removed: the rank cannot enter it, and says so)
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            held_trees[path] = os.open(path, flags)
+            fcntl.flock(held_trees[path], fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
             pass
-        path = os.path.dirname(path)
-    else:
-        return
-    if path in held_trees:
-        return
-    import fcntl
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return  # (gone: the rank cannot enter it, and says so)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        held_trees[path] = fd
-    except OSError:  # being removed: as above
-        os.close(fd)
 
 
 def take_pipes(fds: "list[int] | tuple[int, ...]") -> int:
