@@ -347,3 +347,26 @@ def test_a_running_jobs_tree_survives_syncs_of_other_code(
             job.communicate()
     assert job.returncode == 0, err
     assert "STILL hello True" in out, out
+
+
+@pytest.mark.sshhosts
+@pytest.mark.timeout(120)
+def test_a_loose_cache_is_refused_in_one_line_and_left_as_it_is(
+    ssh_hosts: TestHosts, tmp_path: Path
+) -> None:
+    project = make_tree(tmp_path / "p", {"train.py": "print(1)\n"})
+    cache = tmp_path / "loose"
+    cache.mkdir()
+    cache.chmod(0o777)
+    env = {**child_env(), "DTRAIN_SYNC_CACHE": str(cache)}
+    done = run_dtrain(
+        "run", "--plain", "-H", "node1", "--ssh-config", str(ssh_hosts.ssh_config),
+        "--sync", ".", "python", "train.py", env=env, cwd=project,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"dtrain: error: node1: refusing the sync cache: {cache} is writable by others "
+        "(mode 777) (hint: set DTRAIN_SYNC_CACHE to a folder of your own that only you can "
+        "write)"
+    ), done.stderr
+    assert cache.stat().st_mode & 0o777 == 0o777 and not list(cache.iterdir())
