@@ -48,6 +48,7 @@ class Case:
     env: tuple[tuple[str, str], ...] = ()
     files: tuple[tuple[str, bytes], ...] = ()  # written into the working directory first
     check: Callable[[str], None] | None = None  # the output of a success is correct
+    specials: bool = False  # the special files (SPECIAL_FILES) are made in its directory first
 
 
 # How each command runs a case: the arguments before the option, and after it.
@@ -438,6 +439,70 @@ def project_file_cases() -> list[Case]:
     return cases
 
 
+# -- files the user names (issue 33, item 6) ----------------------------------------------
+# Every option that names a file dtrain reads, found by its metavar (FILE, or KEY: a private
+# key) or a click.Path type, with other launchers' spellings of them, times files that are no
+# such file: each one line naming the path and why, exit 2, never a hang nor GBs of memory.
+# ``special_files`` makes the relative ones in the case's directory.
+SPECIAL_FILES = {  # the value given: words its line must hold
+    "/dev/zero": "a character device",
+    "/dev/urandom": "a character device",
+    "fifo": "a FIFO",
+    "folder": "a folder, not a file",
+    "binary": "a binary file",
+    "sparse": "2048 MiB, over the",  # (2 GB, no disk used: refused by its size unread)
+}
+FILE_METAVARS = {"FILE", "KEY"}
+NOT_READ = {  # options whose file dtrain does not read now
+    ("export slurm", "-o"): "the script is written there (a pipe, /dev/stdout: fine)",
+    ("export slurm", "--env-file"): "named in the script: read when the job runs, by dtrain run",
+}
+FILE_AROUND = {
+    **AROUND,
+    "hosts": (("hosts",), ()),
+    "check --hostfile": (("check",), ()),  # (check's -H and --hostfile exclude each other)
+}
+
+
+def special_files(directory: Path) -> None:
+    os.mkfifo(directory / "fifo")
+    (directory / "folder").mkdir()
+    (directory / "binary").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4)
+    with open(directory / "sparse", "wb") as sparse:
+        sparse.truncate(2 << 30)
+
+
+def file_options(name: str, command: click.Command) -> list[str]:
+    """The options of ``command`` that name a file dtrain reads, each spelling of them."""
+    found = []
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.is_flag:
+            continue
+        spelled = PEER_SPELLINGS.get(param.opts[0]) if name == "run" else None
+        meant = spelled or param.opts[0]
+        is_file = isinstance(param.type, click.Path) or (param.metavar or "") in FILE_METAVARS
+        if (is_file or spelled in ("--hostfile", "--ssh-identity")) and (
+            (name, meant) not in NOT_READ
+        ):
+            found += param.opts if spelled else param.opts[:1]  # (mpirun's three spellings)
+    return found
+
+
+def file_cases() -> list[Case]:
+    cases = []
+    for name, command in commands():
+        for option in file_options(name, command):
+            default = (tuple(name.split()), ())
+            before, after = FILE_AROUND.get(f"{name} {option}", FILE_AROUND.get(name, default))
+            for value in SPECIAL_FILES:
+                args = (*before, option, value, *after)
+                cases.append(Case(f"{name} {option} {value}", args, specials=True))
+    return cases
+
+
+FILE_CASES = file_cases()
+
+
 CASES = [
     *duration_cases(),
     *count_cases(),
@@ -460,6 +525,8 @@ def run_cli(case: Case, directory: Path, jobs: Path | None = None) -> tuple[int,
     case's, and ``jobs`` as the job directory (default: an empty one)."""
     for name, content in case.files:
         (directory / name).write_bytes(content)
+    if case.specials:
+        special_files(directory)
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("SLURM_")}
     env.update(DTRAIN_JOB_DIR=str(jobs or directory / "jobs"), NO_COLOR="1", **dict(case.env))
     here = os.getcwd()
@@ -529,3 +596,40 @@ def test_every_float_option_is_a_duration_refusing_nan_and_inf() -> None:
         for value in NOT_SECONDS:
             with pytest.raises(click.BadParameter):
                 kind.convert(value, None, None)
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+@pytest.mark.parametrize("case", [as_param(case) for case in FILE_CASES])
+def test_a_special_file_named_is_one_line(case: Case, tmp_path: Path) -> None:
+    """Before: --hostfile /dev/zero grew to GBs and never ended, /dev/urandom and a FIFO
+    hung (--env-file too), a binary file or a folder gave a codec's or errno's text."""
+    code, out, err = run_cli(case, tmp_path)
+    value = case.args[case.args.index(case.name.rsplit(" ", 1)[1])]
+    assert (code, len((out + err).splitlines())) == (2, 1), out + err
+    assert err.startswith("dtrain: error: "), err
+    assert value in err, err
+    # (why: what the file is; or, for a file that runs things (--config), first that others
+    # may write it: /dev/zero is mode 0666)
+    assert SPECIAL_FILES[value] in err or "writable by group or others" in err, err
+
+
+def test_every_command_that_takes_a_file_is_in_the_corpus() -> None:
+    """The walk finds the files of run, ps, sweep, hosts, check and export k8s, and other
+    launchers' spellings (mpirun's -hostfile, horovodrun's --ssh-identity-file)."""
+    options = {(c.args[0], o) for c in FILE_CASES for o in c.args if o.startswith("-")}
+    wanted = {
+        ("run", "--hostfile"),
+        ("run", "--env-file"),
+        ("run", "--ssh-config"),
+        ("run", "--ssh-identity"),
+        ("run", "-machinefile"),
+        ("hosts", "--hostfile"),
+        ("run", "--ssh-identity-file"),
+        ("ps", "--env-file"),
+        ("check", "--hostfile"),
+        ("check", "--ssh-config"),
+        ("sweep", "--hostfile"),
+        ("export", "--env-file"),
+    }
+    assert wanted <= options, wanted - options  # fmt: skip
+    assert len(FILE_CASES) >= 20 * len(SPECIAL_FILES)
