@@ -712,3 +712,22 @@ def test_the_python_api_obeys_the_same_rule(
 
 def planted_variable() -> str | None:
     return os.environ.get("PLANTED")
+
+
+@pytest.mark.parametrize(
+    ("named", "said"),
+    [
+        ("/dev/zero", "--config /dev/zero: a character device, not a file"),
+        ("/tmp", "--config /tmp: a folder, not a file"),
+        ("missing.toml", "--config missing.toml: no such file"),
+    ],
+)
+def test_config_names_a_regular_file(project: Path, named: str, said: str) -> None:
+    assert the_error(dtrain(project, "run", "--config", named, "true")).startswith(
+        f"dtrain: error: {said}"
+    )
+
+
+def test_config_dev_null_is_an_empty_project_file(project: Path) -> None:
+    write(project, "dtrain.toml", "[run]\nnp = 3\n")
+    assert len(plan(project, "--config", "/dev/null")) == 1  # (as ssh -F /dev/null: none)

@@ -270,7 +270,9 @@ def others_may_write(path: str, environ: Mapping[str, str]) -> Doubt | None:
 def writable_doubt(path: str, trusted: Sequence[str]) -> Doubt | None:
     """``entry_doubt`` of ``path`` itself as if the user owned it: who may write it."""
     try:
-        owner = os.stat(path).st_uid
+        found = os.stat(path)
     except (OSError, ValueError):
         return None
-    return entry_doubt(path, os.path.abspath(path), False, trusted, owner)
+    if not stat.S_ISREG(found.st_mode):
+        return None  # (a device, a FIFO, a folder: the reader refuses it by what it is)
+    return entry_doubt(path, os.path.abspath(path), False, trusted, found.st_uid)

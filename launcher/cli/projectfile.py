@@ -277,7 +277,7 @@ def read_project_file(
     from launcher.core.projectfile import MANUAL, Source
 
     shown = path if named is not None else os.path.relpath(path, here)
-    text = read_user_text(shown, named or "project file")
+    text = read_user_text(shown, named or "project file", null_ok=named is not None)
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover (Python 3.10: tomli, which became tomllib)
