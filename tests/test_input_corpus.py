@@ -34,6 +34,8 @@ from launcher.base.errors import UsageError
 from launcher.cli.dialects import PEER_FLAGS
 from launcher.cli.main import cli, main
 from launcher.cli.options import Seconds, Share
+from tests.conftest import REPO
+from tests.otheruser import OtherUser
 
 CASE_TIMEOUT_S = 20  # a hang fails here; a case takes milliseconds
 Expect = Literal["bad", "good", "any"]  # refused / a correct result / either
@@ -371,7 +373,7 @@ BAD_NAMES = {
     "--redirects": ("9",),
     "--launcher": ("foo",),
 }  # fmt: skip
-PATHS = (  # files and directories that are not what the option needs
+PATHS: tuple[tuple[str, str, Expect], ...] = (  # files and folders not what the option needs
     ("--hostfile", ".", "bad"), ("--hostfile", "/dev/null", "bad"),
     ("--hostfile", "/nonexistent", "bad"), ("--env-file", ".", "bad"),
     ("--env-file", "/nonexistent", "bad"), ("--workdir", "/nonexistent", "bad"),
@@ -633,3 +635,109 @@ def test_every_command_that_takes_a_file_is_in_the_corpus() -> None:
     }
     assert wanted <= options, wanted - options  # fmt: skip
     assert len(FILE_CASES) >= 20 * len(SPECIAL_FILES)
+
+
+@pytest.mark.parametrize("command", ["run", "ps", "sweep"])
+def test_ssh_config_dev_null_is_an_empty_config(command: str, tmp_path: Path) -> None:
+    """OpenSSH's ``-F /dev/null`` (no config): before, '--ssh-config /dev/null: no such file',
+    exit 1."""
+    before, after = AROUND[command]
+    args = (*before, "--ssh-config", "/dev/null", "-H", "far", *after)
+    code, out, err = run_cli(Case("dev/null", args), tmp_path)
+    assert code == 0, err
+    CHECKS[command](out)
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+def test_a_fifo_as_the_script_does_not_hang_a_dry_run(tmp_path: Path) -> None:
+    """dtrain peeks at a ``.py`` script (does it use mpi4py?): a FIFO there hung the open."""
+    os.mkfifo(tmp_path / "train.py")
+    code, out, err = run_cli(Case("fifo", (*RUN, "-np", "1", "python", "train.py")), tmp_path)
+    assert code == 0, err
+    plan_correct(out)
+
+
+DISCOVERY_SCRIPTS = {  # what the script does: words of its one line
+    "exec yes localhost": "printed over 16 MiB, the most a host list may have",
+    "printf 'h1\\nh\\351\\n'": "output:2: not UTF-8 text (byte 5)",
+    "printf 'localhost\\0\\n'": "output: a binary file, not text",
+    "echo oops >&2; exit 3": "exit code 3 (oops)",
+}
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+@pytest.mark.parametrize("body", list(DISCOVERY_SCRIPTS))
+def test_a_discovery_scripts_output_is_bounded_and_text(body: str, tmp_path: Path) -> None:
+    """Its output is read as a hostfile is: 16 MiB at most (a script printing without end
+    grew dtrain's memory until its 30 s timeout), UTF-8 text, else one line naming it."""
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    args = (*RUN, "--host-discovery-script", str(script), "-np", "1", "true")
+    code, out, err = run_cli(Case("discovery", args), tmp_path)
+    assert (code, len((out + err).splitlines())) == (2, 1), out + err
+    assert err.startswith(f"dtrain: error: --host-discovery-script {script}"), err
+    assert DISCOVERY_SCRIPTS[body] in err, err
+
+
+SWEEP_ID = "20260101-000000-abcdef"
+DAMAGED_RECORDS = {  # sweep.json's content (None: a 2 GB sparse file): words of its line
+    b"\x00\x01binary": "a binary file, not text",
+    b"{not json": "is damaged (not JSON: line 1)",
+    b"[1, 2]": "is damaged (a JSON list, not an object)",
+    b"{}": "is damaged (KeyError: 'config')",
+    b'{"config": 5, "settings": {}}': "is damaged (",
+    None: "over the 64 MiB such a file may have",
+}
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+@pytest.mark.parametrize("content", list(DAMAGED_RECORDS), ids=lambda c: repr(c)[:20])
+def test_a_damaged_sweep_record_is_one_line(content: bytes | None, tmp_path: Path) -> None:
+    """``sweep --resume`` reads its record back as a file the user names (a job root is any
+    folder): before, a record that was not what dtrain wrote was a KeyError traceback."""
+    jobs = tmp_path / "jobs"
+    record = jobs / "sweeps" / SWEEP_ID / "sweep.json"
+    record.parent.mkdir(parents=True)
+    jobs.chmod(0o700)
+    with open(record, "wb") as f:
+        f.write(content) if content is not None else f.truncate(2 << 30)
+    case = Case("resume", ("sweep", "--resume", SWEEP_ID))
+    code, out, err = run_cli(case, tmp_path, jobs)
+    assert (code, len((out + err).splitlines())) == (2, 1), out + err
+    assert err.startswith(f"dtrain: error: --resume {SWEEP_ID}: its record {record}"), err
+    assert DAMAGED_RECORDS[content] in err, err
+
+
+def other_users_python(user: OtherUser) -> list[str]:
+    """How the other user runs this checkout's dtrain: this interpreter where it may run
+    it, else the system's python3 of the same version with the venv's packages on its path."""
+    probe = [sys.executable, "-c", "import launcher.cli.main"]
+    if user.run(probe, cwd=REPO).returncode == 0:
+        return [sys.executable]
+    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    packages = next(Path(sys.prefix).glob("lib/python*/site-packages"), None)
+    if not os.access(system, os.X_OK) or packages is None:
+        pytest.skip(f"the other user cannot run {sys.executable} (a folder above is private)")
+    command = ["env", f"PYTHONPATH={REPO}:{packages}", system]
+    if user.run([*command, *probe[1:]], cwd=REPO).returncode != 0:
+        pytest.skip(f"the other user cannot import dtrain from {REPO}")
+    return command
+
+
+def test_an_unreadable_hostfile_is_one_line_as_another_user(
+    other_user: OtherUser, shared_tmp: Path
+) -> None:
+    """A 0600 hostfile of root's, named by another user (root reads everything: the check
+    needs a second user): one line naming it, exit 2."""
+    hostfile = shared_tmp / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    hostfile.chmod(0o600)
+    python = other_users_python(other_user)
+    done = other_user.run([*python, "-m", "launcher", "hosts", "--hostfile", str(hostfile)],
+                          cwd=REPO, timeout=CASE_TIMEOUT_S)  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr == (
+        f"dtrain: error: --hostfile {hostfile}: permission denied "
+        "(hint: check the file's permissions)\n"
+    )
