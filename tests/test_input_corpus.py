@@ -9,6 +9,13 @@ files, ``-x`` values, Slurm's variables, names passed on to the ranks.  Each run
 through ``launcher.cli.main.main`` (what the console script runs) in an empty directory with
 an empty job directory and no Slurm variables but its own; job commands run with
 ``--dry-run``, so nothing is started.  A case that hangs fails at its timeout.
+
+Files the user names (issue 33, item 6): every option that names a file dtrain reads, also
+found by the walk, times ``/dev/zero``, ``/dev/urandom``, a FIFO, a folder, a binary file
+and a 2 GB sparse file; a discovery script's endless or binary output, a damaged sweep
+record, ``--ssh-config /dev/null`` (an empty config), and a file a real second user cannot
+read.  The timeout is pytest-timeout's SIGALRM in the main thread: it interrupts a blocked
+open or read, so a hang fails its case and the suite goes on.
 """
 
 from __future__ import annotations
