@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -745,3 +746,52 @@ def test_an_unreadable_hostfile_is_one_line_as_another_user(
         f"dtrain: error: --hostfile {hostfile}: permission denied "
         "(hint: check the file's permissions)\n"
     )
+
+
+# What dtrain finds by itself, planted by another user in a folder others can write: each
+# skipped (the project file: the run goes on without it) or refused, in one line.
+FOUND_BY_ITSELF = ("project file", "job root", "sync cache")
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+@pytest.mark.parametrize("found", FOUND_BY_ITSELF)
+def test_what_another_user_planted_is_skipped_or_refused_in_one_line(
+    found: str, other_user: OtherUser, shared_tmp: Path
+) -> None:
+    planted = shared_tmp / "planted"
+    other_user.sh(f"mkdir -m 755 {planted}")
+    if found == "project file":
+        other_user.write(planted / "dtrain.toml", '[run]\nenv = {PLANTED = "yes"}')
+        jobs = shared_tmp / "jobs"  # (root's, private, in the sticky folder)
+        case = Case("planted", (*RUN, "-np", "1", "true"))
+        code, out, err = run_cli(case, planted, jobs)  # (run from the planted folder)
+        assert code == 0, err
+        assert err.splitlines()[0] == (
+            f"dtrain: ignoring {planted / 'dtrain.toml'}: owned by {other_user.name} "
+            f"(hint: run with --config {planted / 'dtrain.toml'} to use it)"
+        ), err
+        assert "PLANTED" not in out
+    elif found == "job root":
+        other_user.sh(f"mkdir -m 700 {planted}/jobs")
+        case = Case("root", ("jobs", "--job-dir", str(planted / "jobs")))
+        code, out, err = run_cli(case, shared_tmp)
+        assert (code, out) == (2, ""), err
+        assert len(err.splitlines()) == 1, err
+        assert err == (
+            f"dtrain: error: --job-dir {planted / 'jobs'}: its folder {planted} is owned by "
+            f"{other_user.name} (uid {other_user.uid}): another user could swap the jobs for "
+            "their own (hint: pass a --job-dir in a folder of yours)\n"
+        )
+    else:
+        from tests.test_sync_receiver import file_row, receive
+
+        other_user.sh(f"mkdir -m 777 {planted}/cache")
+        before = sorted(str(p) for p in planted.rglob("*"))
+        content = b"print(1)\n"
+        request = {"key": "ab12", "entries": [file_row("train.py", content)]}
+        code, answers, err = receive(planted / "cache", request, content)
+        assert (code, len(err.splitlines())) == (3, 1), err
+        assert "refused" in answers[-1], answers  # (the launcher's line, from the host)
+        assert err.startswith("dtrain sync: ") and "owned by" in err, err
+        assert sorted(str(p) for p in planted.rglob("*")) == before  # nothing made there
+        assert stat.S_IMODE((planted / "cache").stat().st_mode) == 0o777  # not chmodded

@@ -98,10 +98,13 @@ def check_root(root: Path, named: str, environ: Mapping[str, str] | None = None)
     if doubt is None:
         return
     if doubt.at != doubt.path:  # a folder above it
+        theirs = doubt.owner is not None  # (no chmod of ours helps there)
         raise UsageError(
             f"{named} {root}: its folder {doubt.at} is {doubt.why(names=True)}: another user "
             "could swap the jobs for their own",
-            f"chmod go-w {doubt.at}, or pass a --job-dir in a folder of yours",
+            "pass a --job-dir in a folder of yours"
+            if theirs
+            else f"chmod go-w {doubt.at}, or pass a --job-dir in a folder of yours",
         )
     if doubt.owner is not None:
         raise UsageError(
