@@ -269,6 +269,54 @@ def test_a_tree_used_lately_is_kept_until_its_job_locks_it(tmp_path: Path) -> No
     assert not first.exists() and len(trees_in(cache)) == 2
 
 
+PRUNER = """
+import os, sys, time
+sys.path.insert(0, sys.argv[2])
+from launcher.remote.syncrecv import remove_folder
+trees = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+print("pruning", flush=True)
+end = time.time() + float(sys.argv[3])
+while time.time() < end:
+    remove_folder(trees, os.path.basename(sys.argv[4]), os.geteuid(), time.time() - 3600)
+"""
+
+
+def test_a_prune_never_locks_a_tree_used_lately_so_a_starting_agent_always_locks_it(
+    tmp_path: Path,
+) -> None:
+    """A prune (another job's sync) that looks at a tree just synced must not take its
+    exclusive lock even for a moment: an agent starting the tree's job then fails its shared
+    lock (non-blocking, never retried) and the job runs unprotected (reviewer's race: ~20% of
+    the agent's tries failed while a prune looped)."""
+    import fcntl
+
+    cache = tmp_path / "cache"
+    tree = sync_tree(cache, "the job")  # just synced: used lately
+    repo = str(Path(__file__).resolve().parent.parent)
+    pruner = subprocess.Popen(
+        [sys.executable, "-c", PRUNER, str(cache / "trees"), repo, "1.5", str(tree)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert pruner.stdout is not None and pruner.stdout.readline().strip() == "pruning"
+        failed = tries = 0
+        while pruner.poll() is None:
+            fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                failed += 1
+            finally:
+                os.close(fd)
+            tries += 1
+    finally:
+        pruner.kill()
+        pruner.wait()
+    assert tries > 100 and failed == 0, f"{failed} of {tries} shared locks failed"
+    assert tree.is_dir()
+
+
 # ---- a cache others can write: refused, nothing of theirs touched ----
 
 

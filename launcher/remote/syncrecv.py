@@ -380,6 +380,12 @@ def clear(folder: int) -> None:
             pass
 
 
+def removable(status: os.stat_result, uid: int, used_before: float | None) -> bool:
+    """A folder of the user's, not used after ``used_before`` (None: whenever)."""
+    recent = used_before is not None and status.st_mtime > used_before
+    return is_ours(status, uid, stat.S_IFDIR) and not recent
+
+
 def remove_folder(trees: int, name: str, uid: int, used_before: float | None) -> None:
     """Remove trees/``name``, a folder of the user's, unless a job holds its lock (or it was
     used after ``used_before``): renamed aside under the exclusive lock, then emptied."""
@@ -390,11 +396,12 @@ def remove_folder(trees: int, name: str, uid: int, used_before: float | None) ->
     except OSError:
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        status = os.fstat(fd)
-        if not is_ours(status, uid, stat.S_IFDIR):
+        # Checked before locking too: a tree used lately is never locked, even for a moment
+        # (an agent starting a job in it would fail its shared lock, and never retry it).
+        if not removable(os.fstat(fd), uid, used_before):
             return
-        if used_before is not None and status.st_mtime > used_before:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not removable(os.fstat(fd), uid, used_before):
             return
         if not name.startswith(".tmp-"):
             aside = fresh_name("gone-" + name)
