@@ -9,7 +9,9 @@ second user (``other_user``, a real account made by useradd) writes is not.
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,38 @@ def test_group_write_is_harmless_in_the_owners_own_group(
     assert doubt_of(str(path)) is None
     os.chown(path, ME, other_user.gid)  # the other user's group
     assert doubt_of(str(path)) == Doubt(str(path), str(path), mode=0o664)
+
+
+def test_group_write_is_not_harmless_where_another_user_shares_that_primary_group(
+    shared_tmp: Path, other_user: OtherUser
+) -> None:
+    """A group that is another user's primary group too (``users`` on systems where useradd
+    puts everyone in it) lists neither in ``gr_mem``: that user may write a 0664 file of the
+    owner's, so it is not the owner's own (reviewer: a dtrain.toml so written was applied)."""
+    mate = f"dtrain-m{uuid.uuid4().hex[:8]}"
+    made = subprocess.run(
+        ["useradd", "--no-create-home", "--gid", str(other_user.gid), mate],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"useradd {mate}: {made.stderr.strip()}")
+    try:
+        path = other_user.write(shared_tmp / "theirs.toml", "x = 1", mode=0o664)
+        uid = pwd.getpwnam(mate).pw_uid
+        subprocess.run(  # (the mate can write it indeed)
+            ["setpriv", f"--reuid={uid}", f"--regid={other_user.gid}", "--clear-groups",
+             "sh", "-c", f"echo 'y = 2' >> '{path}'"],
+            check=True,
+        )  # fmt: skip
+        assert "y = 2" in path.read_text()
+        assert doubt_of(str(path), me=other_user.uid) == Doubt(str(path), str(path), mode=0o664)
+        assert others_may_write(str(path), {"HOME": "/nonexistent"}) == Doubt(
+            str(path), str(path), mode=0o664
+        )
+    finally:
+        subprocess.run(["userdel", mate], capture_output=True, check=False)
 
 
 def test_another_users_file_is_doubted_unless_its_folder_is_trusted(

@@ -150,7 +150,9 @@ def entry_doubt(
 
 def own_group(found: os.stat_result) -> bool:
     """Whether the entry's group is its owner's own: the owner's primary group, with no other
-    member (a user private group, where ``umask 002`` makes files group-writable)."""
+    member (a user private group, where ``umask 002`` makes files group-writable).  Members
+    are its ``gr_mem`` and every user whose primary group it is (a shared ``users`` group
+    lists none in ``gr_mem``), as Debian's OpenSSH counts them."""
     import grp
     import pwd
 
@@ -159,7 +161,9 @@ def own_group(found: os.stat_result) -> bool:
         group = grp.getgrgid(found.st_gid)
     except KeyError:
         return False
-    return owner.pw_gid == found.st_gid and all(m == owner.pw_name for m in group.gr_mem)
+    if owner.pw_gid != found.st_gid or any(m != owner.pw_name for m in group.gr_mem):
+        return False
+    return all(p.pw_uid == owner.pw_uid for p in pwd.getpwall() if p.pw_gid == found.st_gid)
 
 
 def is_inside(path: str, folders: Sequence[str]) -> bool:
