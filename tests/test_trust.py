@@ -95,6 +95,34 @@ def test_a_link_is_judged_where_it_leads_too(tmp_path: Path) -> None:
     assert doubt_of(str(link)) == Doubt(str(link), str(loose), mode=0o777)
 
 
+def test_another_users_link_to_the_users_own_file_is_doubted(
+    shared_tmp: Path, other_user: OtherUser, tmp_path: Path
+) -> None:
+    """``/tmp/dtrain.toml -> ~/mine.toml`` planted by another user: the file is ours, but
+    which of our files steers the run was their choice (reviewer: it was applied)."""
+    mine = private_file(tmp_path / "mine")
+    link = shared_tmp / "dtrain.toml"
+    other_user.sh(f"ln -s '{mine}' '{link}'")
+    assert doubt_of(str(link)) == Doubt(str(link), str(link), owner=other_user.uid)
+    assert doubt_of(str(link), trusted=[str(shared_tmp)]) is None
+    os.unlink(link)
+    link.symlink_to(mine)  # our own link: where it leads decides
+    assert doubt_of(str(link)) is None
+
+
+def test_the_hint_never_suggests_trusting_a_folder_everyone_may_write(
+    shared_tmp: Path, tmp_path: Path
+) -> None:
+    loose = private_file(shared_tmp / "team")
+    loose.chmod(0o664)
+    os.chown(loose, ME, 4242)  # (a group of no one's: group write is not harmless)
+    doubt = doubt_of(str(loose))
+    assert doubt is not None and "trusted" in doubt.fix()  # team: 0755, a team may be listed
+    (shared_tmp / "team").chmod(0o1777)
+    assert doubt_of(str(loose)) == doubt and "trusted" not in doubt.fix()
+    assert doubt.fix() == f"chmod go-w {loose}"
+
+
 def test_group_write_is_harmless_in_the_owners_own_group(
     tmp_path: Path, other_user: OtherUser
 ) -> None:

@@ -69,6 +69,12 @@ class Doubt:
         if self.mode & OTHERS_WRITE:
             return chmod  # (everyone's: no list trusts it)
         folder = self.at if self.at != self.path else os.path.dirname(self.at)
+        try:
+            everyones = os.stat(folder).st_mode & OTHERS_WRITE
+        except (OSError, ValueError):
+            everyones = 0
+        if everyones:  # (/tmp listed would trust whatever anyone puts there)
+            return chmod
         return f"{chmod}, or list {folder} in {CONFIG_SHOWN}'s trusted"
 
 
@@ -111,7 +117,8 @@ def doubt_of(
         for place, entry in enumerate(entries):
             if place == 0 and parents_only:
                 continue
-            doubt = entry_doubt(path, entry, place > 0, trusted, me)
+            doubt = link_doubt(path, entry, trusted, me) if chain == absolute else None
+            doubt = doubt or entry_doubt(path, entry, place > 0, trusted, me)
             if doubt is not None:
                 return doubt
     return None
@@ -125,6 +132,19 @@ def parents(path: str) -> list[str]:
             return found
         found.append(parent)
         path = parent
+
+
+def link_doubt(path: str, entry: str, trusted: Sequence[str], me: int) -> Doubt | None:
+    """A link on the way is its owner's choice of where the path leads: another user's
+    link (``/tmp/dtrain.toml -> ~/theirs-or-yours.toml``) is doubted wherever it leads."""
+    try:
+        found = os.lstat(entry)
+    except (OSError, ValueError):
+        return None
+    foreign = found.st_uid not in (me, 0) and not is_inside(entry, trusted)
+    return (
+        Doubt(path, entry, owner=found.st_uid) if stat.S_ISLNK(found.st_mode) and foreign else None
+    )
 
 
 def entry_doubt(
