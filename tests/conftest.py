@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,6 +257,7 @@ NEEDS = {  # marker: what its tests need, said when -m leaves them out
     "slow": "slow (real torch, TensorFlow and MPI programs end to end)",
 }
 LEFT_OUT: dict[str, int] = dict.fromkeys(NEEDS, 0)
+MACHINE_WIDE = "testhosts"  # the xdist group of the tests on the test hosts or Slurm
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -269,6 +271,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.sshhosts)
         if uses[id(item)] & SLURM_FIXTURES:
             item.add_marker(pytest.mark.slurm)
+        if uses[id(item)] & (HOST_FIXTURES | SLURM_FIXTURES):
+            # One set of test hosts (and one Slurm) per machine: their tests share one
+            # pytest-xdist worker (--dist loadgroup), which starts them once.
+            item.add_marker(pytest.mark.xdist_group(MACHINE_WIDE))
     items.sort(key=lambda item: bool(uses[id(item)] & CLUSTER_FIXTURES))  # stable sort
 
 
@@ -296,11 +302,23 @@ def left_out_by_marker(item: pytest.Item) -> bool:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The run's job directories go with it (a pytest process left one in /tmp each)."""
+    """The run's job directories go with it (a pytest process left one in /tmp each).  A
+    pytest-xdist worker hands what -m left out to the controller, which says it."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["left_out"] = dict(LEFT_OUT)
     if os.getpid() == JOBS_OWNER:  # (not a process that imported this module to use it)
         import shutil
 
         shutil.rmtree(JOBS, ignore_errors=True)
+
+
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """(pytest-xdist's controller) What a worker's -m left out: every worker collects the
+    whole run, so one worker's count is the run's."""
+    said = getattr(node, "workeroutput", {}).get("left_out")
+    if said:
+        LEFT_OUT.update(said)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -665,7 +665,7 @@ def test_a_fifo_as_the_script_does_not_hang_a_dry_run(tmp_path: Path) -> None:
 DISCOVERY_SCRIPTS = {  # what the script does: words of its one line
     "exec yes localhost": "printed over 16 MiB, the most a host list may have",
     "printf 'h1\\nh\\351\\n'": "output:2: not UTF-8 text (byte 5)",
-    "printf 'localhost\\0\\n'": "output: a binary file, not text",
+    "printf 'localhost\\0\\n'": "output: binary, not text (hint: the script must print",
     "echo oops >&2; exit 3": "exit code 3 (oops)",
 }
 

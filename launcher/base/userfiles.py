@@ -104,19 +104,21 @@ def read_user_text(path: str, what: str, limit: int = TEXT_LIMIT, null_ok: bool 
     return decode_user_text(data, f"{what} {path}")
 
 
-def decode_user_text(data: bytes, named: str) -> str:
+def decode_user_text(data: bytes, named: str, how: str | None = None) -> str:
     """UTF-8 text (a leading BOM dropped, as editors on Windows write one); a NUL byte means a
-    binary file, other bad bytes an encoding that is not UTF-8: each one line with where."""
+    binary file, other bad bytes an encoding that is not UTF-8: each one line with where
+    (``how``: the hint, where the text is not a file's: a program's output)."""
     if b"\0" in data[:BINARY_SNIFF]:
-        raise UsageError(f"{named}: a binary file, not text", "name the text file meant")
+        what = "binary" if how else "a binary file"  # (a program's output is no file)
+        raise UsageError(f"{named}: {what}, not text", how or "name the text file meant")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise UsageError(
-            f"{named}:{line}: not UTF-8 text (byte {exc.start + 1})", "save it as UTF-8"
+            f"{named}:{line}: not UTF-8 text (byte {exc.start + 1})", how or "save it as UTF-8"
         ) from None
     if "\0" in text:
         line = text.count("\n", 0, text.index("\0")) + 1
-        raise UsageError(f"{named}:{line}: a NUL character in text", "save it as plain text")
+        raise UsageError(f"{named}:{line}: a NUL character in text", how or "save it as plain text")
     return text.removeprefix("\ufeff")

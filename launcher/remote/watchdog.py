@@ -417,7 +417,11 @@ def hold_tree(cwd: "str | None") -> None:
         try:  # (a tree gone or being removed: the rank cannot enter it, and says so)
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
             held_trees[path] = os.open(path, flags)
-            fcntl.flock(held_trees[path], fcntl.LOCK_SH | fcntl.LOCK_NB)
+            for _ in range(40):  # a prune's lock lasts a moment: waited out, 2 s at most
+                try:  # (never a blocking wait: a lock another holds for good is no hang)
+                    return fcntl.flock(held_trees[path], fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    time.sleep(0.05)
         except OSError:
             pass
 

@@ -150,4 +150,4 @@ def discovery_output(script: str, timeout_s: float) -> str:
             f"{named}: exit code {code} ({(lines or ['no output'])[-1]})",
             "the script must exit 0 and print one host[:slots] per line",
         )
-    return decode_user_text(out, f"{named}'s output")
+    return decode_user_text(out, f"{named}'s output", "the script must print host[:slots] lines")
