@@ -260,6 +260,7 @@ LEFT_OUT: dict[str, int] = dict.fromkeys(NEEDS, 0)
 MACHINE_WIDE = "testhosts"  # the xdist group of the tests on the test hosts or Slurm
 
 
+@pytest.hookimpl(tryfirst=True)  # (before pytest-xdist reads the groups off the items)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that use the SSH test hosts are marked ``sshhosts``, those that use Slurm
     ``slurm`` (``-m "not sshhosts and not slurm"`` leaves them out). Tests that use the Slurm

@@ -392,11 +392,11 @@ def test_the_listener_bounds_peers_without_the_token() -> None:
         ready: dict[str, object] = said["ready"]  # type: ignore[assignment]
         address, port = str(ready["address"]), int(ready["port"])  # type: ignore[call-overload]
         (pid,) = netcheck_children()
-        threads_before = len(os.listdir(f"/proc/{pid}/task"))
         crowd = [socket.create_connection((address, port), timeout=10) for _ in range(150)]
         time.sleep(0.5)  # (accepted: each has a thread, or was closed at once)
         threads = len(os.listdir(f"/proc/{pid}/task"))
-        assert threads - threads_before <= UNAUTHENTICATED_MAX, threads
+        # (the program's own few threads besides: 150 silent peers made 84 before the cap)
+        assert threads <= UNAUTHENTICATED_MAX + 8, threads
         closed_at_once = sum(1 for conn in crowd if closed_soon(conn))
         assert closed_at_once >= 150 - UNAUTHENTICATED_MAX - 2
         for conn in crowd:
