@@ -333,22 +333,34 @@ def closed_without_answer(conn: socket.socket) -> bool:
         return True
 
 
-def test_the_listener_serves_only_the_token_and_is_gone_after_the_check() -> None:
-    token = os.urandom(16).hex()
-    events: queue.Queue[tuple[str, dict[str, object] | None]] = queue.Queue()
+Events = queue.Queue[tuple[str, dict[str, object] | None]]
+
+
+def start_listener(token: str, lifetime_s: float) -> tuple[LineProgram, Events, str, int]:
+    """A netcheck program here, listening on loopback: it, what it says, its address and port."""
+    events: Events = queue.Queue()
     first = {
         "token": token,
         "probe_source": remote.source("probe"),
         "route_to": "127.0.0.1",
-        "lifetime_s": 30,
+        "lifetime_s": lifetime_s,
     }
     program = start_here("here", sys.executable, remote.source("netcheck"), first, events)
     try:
         _, said = events.get(timeout=20)
         assert said is not None and "ready" in said, said
         ready: dict[str, object] = said["ready"]  # type: ignore[assignment]
-        address, port = str(ready["address"]), int(ready["port"])  # type: ignore[call-overload]
-        assert (address, ready["interface"]) == ("127.0.0.1", "lo")
+        assert (ready["address"], ready["interface"]) == ("127.0.0.1", "lo")
+        return program, events, str(ready["address"]), int(ready["port"])  # type: ignore[call-overload]
+    except BaseException:
+        program.close()
+        raise
+
+
+def test_the_listener_serves_only_the_token_and_is_gone_after_the_check() -> None:
+    token = os.urandom(16).hex()
+    program, events, address, port = start_listener(token, 30)
+    try:
         (pid,) = netcheck_children()
         for secret_free in ("cmdline", "environ"):  # the token came on stdin only
             assert token.encode() not in Path(f"/proc/{pid}/{secret_free}").read_bytes()
@@ -377,20 +389,9 @@ def test_the_listener_bounds_peers_without_the_token() -> None:
     from launcher.remote.netcheck import HANDSHAKE_S, UNAUTHENTICATED_MAX
 
     token = os.urandom(16).hex()
-    events: queue.Queue[tuple[str, dict[str, object] | None]] = queue.Queue()
-    first = {
-        "token": token,
-        "probe_source": remote.source("probe"),
-        "route_to": "127.0.0.1",
-        "lifetime_s": 60,
-    }
-    program = start_here("here", sys.executable, remote.source("netcheck"), first, events)
+    program, events, address, port = start_listener(token, 60)
     crowd: list[socket.socket] = []
     try:
-        _, said = events.get(timeout=20)
-        assert said is not None and "ready" in said, said
-        ready: dict[str, object] = said["ready"]  # type: ignore[assignment]
-        address, port = str(ready["address"]), int(ready["port"])  # type: ignore[call-overload]
         (pid,) = netcheck_children()
         crowd = [socket.create_connection((address, port), timeout=10) for _ in range(150)]
         time.sleep(0.5)  # (accepted: each has a thread, or was closed at once)
