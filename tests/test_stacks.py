@@ -146,11 +146,28 @@ def test_stacks_of_mpi_ranks_over_ssh(ssh_hosts: TestHosts, tmp_path: Path, mark
     assert wait_until_gone(mark) == []
 
 
+def running_job(before: set[Path], ranks: int, timeout_s: float = 60) -> str:
+    """The id of the job started since ``before`` (JOBS' entries then), once its status
+    says running with every rank's pid: a machine under load starts it late."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for job in set(JOBS.iterdir()) - before:
+            try:
+                status = json.loads((job / "status.json").read_text())
+            except (OSError, ValueError):
+                continue
+            pids = [r.get("pid") for r in status.get("ranks", {}).values()]
+            if status.get("state") == "running" and len(pids) == ranks and all(pids):
+                return job.name
+        time.sleep(0.05)
+    raise AssertionError(f"no running job of {ranks} ranks in {JOBS} after {timeout_s} s")
+
+
 def test_a_rank_that_is_not_python_says_why(mark: str) -> None:
+    before = set(JOBS.iterdir())
     proc = start_dtrain("run", "-np", "2", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "60")
     try:
-        time.sleep(1.0)
-        result = run_dtrain("stacks")
+        result = run_dtrain("stacks", running_job(before, 2))
         assert result.returncode == 1
         assert "ranks 0-1 of 2 on localhost: no stack: py-spy: " in result.stdout
     finally:
