@@ -100,6 +100,23 @@ class TestHostsError(RuntimeError):
     __test__ = False  # not a pytest test class despite the name
 
 
+GROUP_SUFFIX = "@testhosts"  # pytest-xdist's loadgroup adds it to the ids of the group's tests
+
+
+def claim_for_this_worker() -> None:
+    """Under pytest-xdist, the test hosts are the one worker's that runs the ``testhosts``
+    group (tests/conftest.py, ``--dist loadgroup``): a test outside it that starts them (one
+    that found its hosts by ``request.getfixturevalue``, say) would wait on that worker's
+    lock, or take it while a test there has stopped its hosts and break that test.  It
+    fails at once instead, naming itself."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if os.environ.get("PYTEST_XDIST_WORKER") and GROUP_SUFFIX not in current:
+        raise TestHostsError(
+            f"{current or 'a test'} starts the test hosts outside the testhosts group of "
+            "--dist loadgroup: name the host or Slurm fixture in the test's arguments"
+        )
+
+
 # --------------------------------------------------------------------------
 # environment probes
 
@@ -707,6 +724,7 @@ class TestHosts:
                 f"{active!r} is still running in this process; only one set of "
                 "test hosts can run at a time (stop it or share one fixture)"
             )
+        claim_for_this_worker()
         fh = open(LOCK_PATH, "a+")  # noqa: SIM115 - held until stop()
         deadline = time.monotonic() + self.lock_timeout
         while True:
