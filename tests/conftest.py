@@ -22,8 +22,13 @@ from tests.testhosts import TestHosts, unavailable_reason
 REPO = Path(__file__).resolve().parent.parent
 DTRAIN = [sys.executable, "-m", "launcher"]
 MARK = "DTRAIN_TEST_MARK"
-JOBS = Path(tempfile.mkdtemp(prefix="dtrain-test-jobs-"))  # job directories of this test run
-JOBS_OWNER = os.getpid()  # the pytest process that made JOBS removes it at its end
+_INHERITED = os.environ.get("DTRAIN_JOB_DIR", "")  # (child_env's, in a test's rank or helper)
+if os.path.basename(_INHERITED).startswith("dtrain-test-jobs-") and os.path.isdir(_INHERITED):
+    JOBS = Path(_INHERITED)  # a process of a test that imports this module: its run's folder
+    JOBS_OWNER = -1  # (not its to remove; it made none to leave behind)
+else:
+    JOBS = Path(tempfile.mkdtemp(prefix="dtrain-test-jobs-"))  # job directories of this run
+    JOBS_OWNER = os.getpid()  # the pytest process that made JOBS removes it at its end
 
 
 def child_env() -> dict[str, str]:
