@@ -277,9 +277,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.sshhosts)
         if uses[id(item)] & SLURM_FIXTURES:
             item.add_marker(pytest.mark.slurm)
-        if uses[id(item)] & (HOST_FIXTURES | SLURM_FIXTURES):
+        if any(item.get_closest_marker(name) for name in ("sshhosts", "slurm")):
             # One set of test hosts (and one Slurm) per machine: their tests share one
-            # pytest-xdist worker (--dist loadgroup), which starts them once.
+            # pytest-xdist worker (--dist loadgroup), which starts them once.  (By the
+            # marker: a test marked by hand, that takes its hosts by getfixturevalue, too.)
             item.add_marker(pytest.mark.xdist_group(MACHINE_WIDE))
     items.sort(key=lambda item: bool(uses[id(item)] & CLUSTER_FIXTURES))  # stable sort
 
