@@ -266,18 +266,19 @@ MACHINE_WIDE = "testhosts"  # the xdist group of the tests on the test hosts or 
 
 
 @pytest.hookimpl(tryfirst=True)  # (before pytest-xdist reads the groups off the items)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that use the SSH test hosts are marked ``sshhosts``, those that use Slurm
     ``slurm`` (``-m "not sshhosts and not slurm"`` leaves them out). Tests that use the Slurm
     cluster run last: its slurmds live in the test hosts' namespaces until the session ends,
     which the tests that tear the hosts down and check that nothing is left must not see."""
     uses = {id(item): set(getattr(item, "fixturenames", ())) for item in items}
+    grouped = config.pluginmanager.hasplugin("xdist")  # (-p no:xdist: no group to join)
     for item in items:
         if uses[id(item)] & HOST_FIXTURES:
             item.add_marker(pytest.mark.sshhosts)
         if uses[id(item)] & SLURM_FIXTURES:
             item.add_marker(pytest.mark.slurm)
-        if any(item.get_closest_marker(name) for name in ("sshhosts", "slurm")):
+        if grouped and any(item.get_closest_marker(name) for name in ("sshhosts", "slurm")):
             # One set of test hosts (and one Slurm) per machine: their tests share one
             # pytest-xdist worker (--dist loadgroup), which starts them once.  (By the
             # marker: a test marked by hand, that takes its hosts by getfixturevalue, too.)
@@ -320,6 +321,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         shutil.rmtree(JOBS, ignore_errors=True)
 
 
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: -p no:xdist runs without it)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """(pytest-xdist's controller) What a worker's -m left out: every worker collects the
     whole run, so one worker's count is the run's."""

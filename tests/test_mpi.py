@@ -12,7 +12,7 @@ import pytest
 
 from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
-from launcher.core.mpi import mpi_mapping
+from launcher.core.mpi import launch_parameters, mpi_mapping
 from launcher.core.outcome import JobResult, RankReport
 from launcher.core.plan import Plan, Rank
 from launcher.run.mpi import mpi_failure
@@ -141,6 +141,22 @@ def test_dry_run_prints_the_mpirun_command(tmp_path: Path) -> None:
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
     assert plan["hostfile"] == "localhost slots=2\nlocalhost2 slots=2\n"  # the real slots
     assert not any(a.startswith("RANK=") for a in argv)  # per-rank values come from mpirun
+    # Open MPI's daemons fork on their own thread (a pool's would lose a rank that ends at once)
+    assert "--prtemca odls_base_max_threads 0 " in " ".join(argv)
+
+
+def test_a_users_own_fork_threads_setting_is_kept() -> None:
+    """Where the user sets ``odls_base_max_threads`` (in ``--mpirun-args`` or as
+    ``PRTE_MCA_odls_base_max_threads``), dtrain adds none of its own."""
+    assert launch_parameters({}, "") == {"odls_base_max_threads": "0"}
+    assert launch_parameters({"PRTE_MCA_odls_base_max_threads": "4"}, "") == {}
+    given = run_dtrain(
+        "run", "--mpi", "--dry-run", "--json", "-np", "2",
+        "--mpirun-args", "--prtemca odls_base_max_threads 4", "true",
+    )  # fmt: skip
+    assert given.returncode == 0, given.stderr
+    joined = " ".join(json.loads(given.stdout)["mpirun"])
+    assert joined.count("odls_base_max_threads") == 1 and "odls_base_max_threads 4" in joined
 
 
 def test_mpi4py_without_mpi_is_warned_about() -> None:
@@ -287,6 +303,27 @@ def test_mpi_daemons_session_folders_are_the_jobs_and_removed_on_each_host(
         running.kill()
         running.wait()
         wait_until_gone(mark)
+
+
+@pytest.mark.sshhosts
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_ranks_that_end_at_once_end_the_job(ssh_hosts: TestHosts, mark: str) -> None:
+    """16 ranks on 2 hosts that end as soon as they start: each job ends.  (Open MPI 5.0's
+    daemons, forking on a thread pool, lost such a rank in about 12 runs of 20: mpirun then
+    waited forever, its job done.  dtrain has them fork on their event thread.)"""
+    import subprocess
+
+    for attempt in range(5):
+        try:
+            result = run_dtrain(
+                "run", "--mpi", "--ssh-config", str(ssh_hosts.ssh_config),
+                "-np", "16", "-H", "node1:8,node2:8", "-x", f"DTRAIN_TEST_MARK={mark}",
+                "sh", "-c", "exit 0", timeout=40,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"run {attempt + 1} of 5: mpirun did not end after its 16 ranks had")
+        assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="zombies are read from /proc")

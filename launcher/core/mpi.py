@@ -280,6 +280,25 @@ def session_parameters(
     return found
 
 
+# Open MPI 5.0's daemons (prted) fork their ranks on a pool of up to 16 threads, and a rank
+# that ends before its thread has stored its pid is never counted as ended (its exit status was
+# taken by a waitpid that matched no rank): mpirun then waits forever, every line of the job
+# printed.  A rank that fails at once (a bad argument, a missing file) hit it about once in 40
+# runs on a loaded machine.  With no pool, a daemon forks on the thread that reaps, and cannot.
+# (PRRTE's own fix, openpmix/prrte#2713, came after Open MPI 5.0.x.)
+LAUNCH_PARAMETERS = {"odls_base_max_threads": "0"}
+
+
+def launch_parameters(environ: Mapping[str, str], mpirun_args: str) -> dict[str, str]:
+    """``LAUNCH_PARAMETERS``, each unless the user set it (``PRTE_MCA_<name>`` or in
+    ``--mpirun-args``)."""
+    return {
+        name: value
+        for name, value in LAUNCH_PARAMETERS.items()
+        if f"PRTE_MCA_{name}" not in environ and name not in mpirun_args
+    }
+
+
 def rank_specs(plan: Plan, template: LaunchSpec) -> dict[int, LaunchSpec]:
     """Specs that stand for each MPI rank in the view (tags show rank and host)."""
     return {

@@ -35,6 +35,7 @@ from launcher.core.config import JobConfig
 from launcher.core.mpi import (
     build_mpirun_argv,
     format_hostfile,
+    launch_parameters,
     mca_parameters,
     mpi_environment,
     mpi_mapping,
@@ -148,7 +149,7 @@ def mpi_launch(
             bind_to=config.placement.bind_to,
             extra=shlex.split(config.mpi.mpirun_args or ""),
             rank_by=mapping.rank_by,
-            prte=sessions,
+            prte={**sessions, **launch_parameters(environ, config.mpi.mpirun_args or "")},
         )
         spec = dataclasses.replace(specs[0], argv=tuple(argv), env=env, label="mpirun")
         yield MpiLaunch(argv, text, spec, sessions.get("prte_remote_tmpdir_base"))
