@@ -54,6 +54,45 @@ def run_dtrain(
     )
 
 
+def dtrain_in_process(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """``dtrain ARGS`` through the CLI's ``main`` in this process, read as ``run_dtrain``'s
+    result: the same arguments, environment (``child_env``'s, or exactly ``env``) and
+    folder.  For a test whose subject is what dtrain says or decides (a refusal, a dry run,
+    help, a plan), not a process: no interpreter to start and nothing to import again, a
+    tenth of a subprocess's time.  Signals, teardown, terminals and real jobs keep
+    ``run_dtrain``."""
+    import click
+    from click.testing import CliRunner
+
+    from launcher.cli.main import main
+
+    wanted = env if env is not None else child_env()
+    overrides: dict[str, str | None] = {k: None for k in os.environ if k not in wanted}
+    overrides.update(wanted)
+    for name, value in (("COLUMNS", "80"), ("LINES", "24")):  # (a subprocess's pipes: no tty)
+        if name not in wanted:
+            overrides[name] = value
+    here = os.getcwd()
+    os.chdir(cwd or REPO)
+    try:
+        with CliRunner().isolation(input=stdin, env=overrides) as (out, err, _):
+            click.formatting.FORCED_WIDTH = None  # (the runner's 80: help as COLUMNS says)
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # (what click's own code may raise past main)
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            return subprocess.CompletedProcess(
+                [*DTRAIN, *args],
+                code,
+                out.getvalue().decode(errors="replace"),
+                err.getvalue().decode(errors="replace"),
+            )
+    finally:
+        os.chdir(here)
+
+
 def start_dtrain(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*DTRAIN, *args],
