@@ -15,11 +15,11 @@ import pytest
 from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
 from launcher.view.lineviews import LineView
-from tests.conftest import REPO, child_env, py, run_dtrain, tagged
+from tests.conftest import REPO, child_env, dtrain_in_process, py, run_dtrain, tagged
 
 
 def test_dry_run_json_is_the_plan() -> None:
-    result = run_dtrain(
+    result = dtrain_in_process(
         "run",
         "--dry-run",
         "--json",
@@ -46,7 +46,7 @@ def test_dry_run_json_is_the_plan() -> None:
 
 
 def test_dry_run_text_shows_commands_and_environment() -> None:
-    result = run_dtrain(
+    result = dtrain_in_process(
         "run", "--dry-run", "-np", "2", "--map-by", "node", "-H", "a:2,b:2", "echo", "it's"
     )
     assert result.returncode == 0
@@ -57,7 +57,7 @@ def test_dry_run_text_shows_commands_and_environment() -> None:
 
 
 def test_tf_config_for_every_rank() -> None:
-    result = run_dtrain("run", "--dry-run", "--json", "--tf", "-np", "3", "echo")
+    result = dtrain_in_process("run", "--dry-run", "--json", "--tf", "-np", "3", "echo")
     configs = [json.loads(e["env"]["TF_CONFIG"]) for e in json.loads(result.stdout)]
     workers = configs[0]["cluster"]["worker"]
     assert len(set(workers)) == 3 and all(w.startswith("127.0.0.1:") for w in workers)
@@ -91,24 +91,26 @@ def test_gpus_found_by_nvidia_smi_are_bound_per_local_rank(mark: str, tmp_path: 
     )
     assert result.returncode == 0, result.stderr
     assert (tagged(result.stdout, 0), tagged(result.stdout, 1)) == (["0,1"], ["2,3"])
-    no_binding = run_dtrain(
+    no_binding = dtrain_in_process(
         "run", "--dry-run", "--json", "-np", "2", "--no-gpu-binding", "true", env=env
     )
     assert all("CUDA_VISIBLE_DEVICES" not in e["env"] for e in json.loads(no_binding.stdout))
-    too_many = run_dtrain("run", "-np", "5", "true", env=env)
+    too_many = dtrain_in_process("run", "-np", "5", "true", env=env)
     assert too_many.returncode == 2
     assert "host localhost has 4 GPU(s)" in too_many.stderr
 
 
 def test_default_np_is_one_per_local_gpu(tmp_path: Path) -> None:
-    result = run_dtrain("run", "--dry-run", "--json", "true", env=fake_nvidia_smi(tmp_path, 3))
+    result = dtrain_in_process(
+        "run", "--dry-run", "--json", "true", env=fake_nvidia_smi(tmp_path, 3)
+    )
     assert [e["env"]["CUDA_VISIBLE_DEVICES"] for e in json.loads(result.stdout)] == ["0", "1", "2"]
 
 
 def test_hostfile_gpus_and_hosts_command(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# two hosts\nlocalhost slots=2 gpus=4,5\nnode9 slots=1\n")
-    shown = run_dtrain("hosts", "--hostfile", str(hostfile))
+    shown = dtrain_in_process("hosts", "--hostfile", str(hostfile))
     assert shown.returncode == 0
     assert shown.stdout.splitlines() == [
         "host       user  slots  max_slots  gpus",
@@ -116,13 +118,13 @@ def test_hostfile_gpus_and_hosts_command(tmp_path: Path) -> None:
         "node9      -     1      -          -",
         "2 hosts, 3 slots",
     ]
-    as_json = json.loads(run_dtrain("hosts", "-H", "a:2,root@b", "--json").stdout)
+    as_json = json.loads(dtrain_in_process("hosts", "-H", "a:2,root@b", "--json").stdout)
     assert as_json == [
         {"host": "a", "user": None, "slots": 2, "max_slots": None, "gpus": None},
         {"host": "b", "user": "root", "slots": 1, "max_slots": None, "gpus": None},
     ]
     plan = json.loads(
-        run_dtrain(
+        dtrain_in_process(
             "run", "--dry-run", "--json", "--hostfile", str(hostfile), "-np", "2", "true"
         ).stdout
     )
@@ -180,7 +182,7 @@ def test_hostfile_gpus_and_hosts_command(tmp_path: Path) -> None:
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(args: list[str], message: str) -> None:
-    result = run_dtrain(*args)
+    result = dtrain_in_process(*args)
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
@@ -192,14 +194,14 @@ def test_user_mistakes_are_one_line_and_exit_2(args: list[str], message: str) ->
 def test_hostfile_error_names_file_and_line(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=2\n\nnode2 slots=x\n")
-    result = run_dtrain("hosts", "--hostfile", str(hostfile))
+    result = dtrain_in_process("hosts", "--hostfile", str(hostfile))
     assert result.returncode == 2
     assert result.stderr.startswith(f"dtrain: error: {hostfile}:3: 'node2 slots=x': slots must be")
 
 
 def test_every_documented_hostfile_parses() -> None:
     for path in sorted((REPO / "hostfiles").glob("*.txt")):
-        assert run_dtrain("hosts", "--hostfile", str(path)).returncode == 0, path
+        assert dtrain_in_process("hosts", "--hostfile", str(path)).returncode == 0, path
 
 
 def line_view(color: bool, tag: str = "[{rank}]") -> tuple[LineView, io.StringIO, io.StringIO]:
@@ -228,7 +230,7 @@ def test_piped_output_has_no_colour(mark: str) -> None:
 
 
 def test_unresolvable_host_fails_fast_naming_it() -> None:
-    result = run_dtrain("run", "-H", "no-such-host.invalid", "--ssh-timeout", "3", "true")
+    result = dtrain_in_process("run", "-H", "no-such-host.invalid", "--ssh-timeout", "3", "true")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         "dtrain: error: no-such-host.invalid: cannot resolve the host name "
@@ -239,7 +241,7 @@ def test_unresolvable_host_fails_fast_naming_it() -> None:
 def test_bad_port_in_the_ssh_config_is_one_line(tmp_path: Path) -> None:
     config = tmp_path / "ssh_config"
     config.write_text("Host far\n  HostName 198.18.0.250\n  Port abc\n")
-    result = run_dtrain("run", "--ssh-config", str(config), "-H", "far", "true")
+    result = dtrain_in_process("run", "--ssh-config", str(config), "-H", "far", "true")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         "dtrain: error: far: Port 'abc' in the ssh config is not a port number "
@@ -264,19 +266,19 @@ def test_h_naming_a_file_reads_it_as_the_hostfile(tmp_path: Path, mark: str) -> 
     assert result.returncode == 0, result.stderr
     assert f"dtrain: -H hosts: reading the hostfile {tmp_path / 'hosts'}" in result.stderr
     assert sorted(tagged(result.stdout, r)[0] for r in range(8)) == ["8"] * 8
-    listed = run_dtrain("hosts", "-H", "hosts", cwd=tmp_path)
+    listed = dtrain_in_process("hosts", "-H", "hosts", cwd=tmp_path)
     assert listed.stdout.splitlines()[-1] == "1 host, 8 slots"
 
 
 def test_h_naming_both_a_file_and_a_host_is_refused(tmp_path: Path) -> None:
     (tmp_path / "localhost").write_text("node1 slots=2\n")
-    result = run_dtrain("run", "--dry-run", "-H", "localhost", "true", cwd=tmp_path)
+    result = dtrain_in_process("run", "--dry-run", "-H", "localhost", "true", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "dtrain: error: -H localhost: both a file here and a host name (hint: pass --hostfile "
         "localhost to read the file, or -H localhost:1 for the host)"
     )
-    with_slots = run_dtrain("run", "--dry-run", "-H", "localhost:1", "true", cwd=tmp_path)
+    with_slots = dtrain_in_process("run", "--dry-run", "-H", "localhost:1", "true", cwd=tmp_path)
     assert with_slots.returncode == 0, with_slots.stderr
 
 

@@ -24,7 +24,7 @@ from launcher.core.command import is_python_script
 from launcher.remote.probe import port_refusal
 from launcher.run.preflight import explicit_script
 from launcher.run.survey import hostfile_shorthand
-from tests.conftest import JOBS, child_env, run_dtrain, tagged
+from tests.conftest import JOBS, child_env, dtrain_in_process, run_dtrain, tagged
 from tests.testhosts import TestHosts
 
 LONG_NAME = "h" * 300  # over 255 bytes: too long for a file name (ENAMETOOLONG)
@@ -64,7 +64,7 @@ def test_a_host_name_too_long_for_a_file_is_no_hostfile() -> None:
     ids=["-H", "hosts -H", "--ssh-config", "run --job-dir", "logs --job-dir", "program", "script"],
 )
 def test_names_too_long_for_a_file_are_one_line(args: tuple[str, ...]) -> None:
-    line = one_error(run_dtrain(*args), 2)  # (a missing --ssh-config too: a usage error)
+    line = one_error(dtrain_in_process(*args), 2)  # (a missing --ssh-config too: a usage error)
     assert LONG_NAME[:50] in line
 
 
@@ -84,13 +84,13 @@ def test_a_shell_script_without_its_bit_is_refused_with_the_ways_to_run_it(
     (tmp_path / "run.sh").write_text("echo hi $RANK\n")
     (tmp_path / "b.sh").write_text("#!/bin/bash\necho hi $RANK\n")
     before = jobs_now()
-    line = one_error(run_dtrain("run", "-np", "2", "run.sh", cwd=tmp_path))
+    line = one_error(dtrain_in_process("run", "-np", "2", "run.sh", cwd=tmp_path))
     assert line.startswith("dtrain: error: run.sh: not executable, and not Python by its name")
     assert "run bash run.sh," in line and "chmod +x run.sh" in line
     assert "shebang line" in line  # executable, but without one: exec format error
-    line = one_error(run_dtrain("run", "./run.sh", cwd=tmp_path))
+    line = one_error(dtrain_in_process("run", "./run.sh", cwd=tmp_path))
     assert "chmod +x ./run.sh" in line
-    line = one_error(run_dtrain("run", "b.sh", cwd=tmp_path))
+    line = one_error(dtrain_in_process("run", "b.sh", cwd=tmp_path))
     assert "bash b.sh, or chmod +x b.sh and run ./b.sh)" in line
     assert jobs_now() == before  # nothing started
     # As the hint says: named with its interpreter, it runs.
@@ -103,7 +103,7 @@ def test_an_executable_file_here_that_is_not_on_path_gets_its_dot_slash(tmp_path
     script = tmp_path / "go.sh"
     script.write_text("#!/bin/sh\necho go\n")
     script.chmod(0o755)
-    line = one_error(run_dtrain("run", "go.sh", cwd=tmp_path))
+    line = one_error(dtrain_in_process("run", "go.sh", cwd=tmp_path))
     assert "program 'go.sh' not found on PATH" in line and "write ./go.sh" in line
 
 
@@ -111,12 +111,12 @@ def test_an_executable_file_here_that_is_not_on_path_gets_its_dot_slash(tmp_path
 
 
 def test_a_host_after_a_space_is_said_to_be_taken_as_the_program() -> None:
-    line = one_error(run_dtrain("run", "-H", "h7:2", "h8:2", "true"))
+    line = one_error(dtrain_in_process("run", "-H", "h7:2", "h8:2", "true"))
     assert line == (
         "dtrain: error: -H h7:2 h8:2: h8:2 was taken as the program "
         "(hint: separate hosts with commas: -H h7:2,h8:2)"
     )  # (before any host is resolved: h7 does not resolve, and is not what is said)
-    line = one_error(run_dtrain("run", "-H", "h7", "h8:2,h9", "python", "x.py"))
+    line = one_error(dtrain_in_process("run", "-H", "h7", "h8:2,h9", "python", "x.py"))
     assert "h8:2,h9 was taken as the program" in line and "-H h7,h8:2,h9" in line
 
 
@@ -185,13 +185,13 @@ def listening() -> Iterator[int]:
 
 def test_a_master_port_in_use_here_is_refused_before_ranks_start(listening: int) -> None:
     before = jobs_now()
-    line = one_error(run_dtrain("run", "--master-port", str(listening), "-np", "2", "true"))
+    line = one_error(dtrain_in_process("run", "--master-port", str(listening), "-np", "2", "true"))
     assert line == (
         f"dtrain: error: --master-port {listening} is in use on localhost (by another process) "
         "(hint: pick another, or leave it out for a free one)"
     )
     assert jobs_now() == before
-    dry = run_dtrain("run", "--dry-run", "--master-port", str(listening), "-np", "1", "true")
+    dry = dtrain_in_process("run", "--dry-run", "--master-port", str(listening), "-np", "1", "true")
     assert dry.returncode == 2 and "is in use on localhost" in dry.stderr
 
 
@@ -255,7 +255,7 @@ def test_a_root_others_can_write_is_refused_and_nothing_is_signalled(
     root = tmp_path / "shared"
     planted_job(root, bystander.pid)
     root.chmod(0o777)
-    line = one_error(run_dtrain("stop", "--job-dir", str(root)))
+    line = one_error(dtrain_in_process("stop", "--job-dir", str(root)))
     assert line == (
         f"dtrain: error: --job-dir {root}: writable by group or others (mode 0777): another "
         f"user could plant a job there (hint: chmod go-w {root}, or pass another --job-dir)"
@@ -263,20 +263,20 @@ def test_a_root_others_can_write_is_refused_and_nothing_is_signalled(
     assert bystander.poll() is None  # not signalled
     given = ["--job-dir", str(root)]
     for command in (["jobs", *given], ["logs", *given], ["run", *given, "-np", "1", "true"]):
-        assert "writable by group or others" in one_error(run_dtrain(*command))
+        assert "writable by group or others" in one_error(dtrain_in_process(*command))
     env = {**child_env(), "DTRAIN_JOB_DIR": str(root)}
-    assert one_error(run_dtrain("jobs", env=env)).startswith(
+    assert one_error(dtrain_in_process("jobs", env=env)).startswith(
         f"dtrain: error: DTRAIN_JOB_DIR {root}:"
     )
     root.chmod(0o755)  # as chmod go-w leaves it: trusted again
-    assert run_dtrain("jobs", "--job-dir", str(root)).returncode == 0
+    assert dtrain_in_process("jobs", "--job-dir", str(root)).returncode == 0
 
 
 def test_a_sticky_shared_root_gets_a_folder_inside_it(tmp_path: Path) -> None:
     shared = tmp_path / "tmp"
     shared.mkdir()
     shared.chmod(0o1777)  # as /tmp
-    line = one_error(run_dtrain("jobs", "--job-dir", str(shared)))
+    line = one_error(dtrain_in_process("jobs", "--job-dir", str(shared)))
     assert f"--job-dir {shared / 'dtrain-jobs'})" in line
     inside = shared / "dtrain-jobs"  # what the hint says: made by dtrain, 0700, trusted
     result = run_dtrain("run", "--job-dir", str(inside), "-np", "1", "true")
@@ -292,7 +292,7 @@ def test_a_root_owned_by_another_user_is_refused(
     planted_job(root, bystander.pid)
     root.chmod(0o700)
     os.chown(root, 65534, 65534)
-    line = one_error(run_dtrain("stop", "--job-dir", str(root)))
+    line = one_error(dtrain_in_process("stop", "--job-dir", str(root)))
     assert f"--job-dir {root}: owned by " in line and "not by you" in line
     assert bystander.poll() is None
 
@@ -307,20 +307,20 @@ def test_a_root_in_a_folder_others_can_write_is_refused(
     planted_job(root, bystander.pid)
     root.chmod(0o700)
     loose.chmod(0o777)
-    line = one_error(run_dtrain("stop", "--job-dir", str(root)))
+    line = one_error(dtrain_in_process("stop", "--job-dir", str(root)))
     assert line == (
         f"dtrain: error: --job-dir {root}: its folder {loose} is writable by group or others "
         "(mode 0777): another user could swap the jobs for their own (hint: chmod go-w "
         f"{loose}, or pass a --job-dir in a folder of yours)"
     )
     assert bystander.poll() is None  # not signalled
-    assert "its folder" in one_error(run_dtrain("jobs", "--job-dir", str(loose / "new")))
+    assert "its folder" in one_error(dtrain_in_process("jobs", "--job-dir", str(loose / "new")))
     loose.chmod(0o1777)  # sticky, as /tmp: nobody may rename what is not theirs
-    assert run_dtrain("jobs", "--job-dir", str(root)).returncode == 0
+    assert dtrain_in_process("jobs", "--job-dir", str(root)).returncode == 0
     if os.geteuid() == 0:
         loose.chmod(0o755)
         os.chown(loose, 65534, 65534)
-        assert "its folder" in one_error(run_dtrain("jobs", "--job-dir", str(root)))
+        assert "its folder" in one_error(dtrain_in_process("jobs", "--job-dir", str(root)))
 
 
 def test_a_root_dtrain_makes_is_private(tmp_path: Path) -> None:
@@ -344,24 +344,28 @@ def test_a_root_dtrain_makes_is_private(tmp_path: Path) -> None:
     ],
 )
 def test_a_dry_run_refuses_what_a_real_run_refuses_here(args: tuple[str, ...], said: str) -> None:
-    assert said in one_error(run_dtrain("run", "--dry-run", "-np", "1", *args))
-    assert said in one_error(run_dtrain("run", "-np", "1", *args))
+    assert said in one_error(dtrain_in_process("run", "--dry-run", "-np", "1", *args))
+    assert said in one_error(dtrain_in_process("run", "-np", "1", *args))
 
 
 def test_a_dry_run_says_which_hosts_it_did_not_check() -> None:
-    result = run_dtrain("run", "--dry-run", "--json", "-H", "a,b", "--workdir", "/x", "nothere")
+    result = dtrain_in_process(
+        "run", "--dry-run", "--json", "-H", "a,b", "--workdir", "/x", "nothere"
+    )
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)) == 2  # the plan, still on stdout alone
     assert result.stderr.splitlines() == [
         "dtrain: note: not checked on a, b: the program and --workdir are looked up when the "
         "job starts"
     ]
-    many = run_dtrain("run", "--dry-run", "-H", "a,b,c,d,e,f,g", "--master-port", "1234", "true")
+    many = dtrain_in_process(
+        "run", "--dry-run", "-H", "a,b,c,d,e,f,g", "--master-port", "1234", "true"
+    )
     assert (
         "not checked on a, b, c, d, e and 2 more: the program and --workdir are looked up, "
         "and --master-port tried, when the job starts"
     ) in many.stderr
-    here = run_dtrain("run", "--dry-run", "-np", "1", "true")
+    here = dtrain_in_process("run", "--dry-run", "-np", "1", "true")
     assert here.returncode == 0 and "not checked" not in here.stderr
 
 
