@@ -70,6 +70,14 @@ def program_pid(watchdog_pid: int) -> "int | None":
     return next((int(e) for e in os.listdir("/proc") if parent_of(e) == watchdog_pid), None)
 
 
+def command_line(entry: str) -> bytes:
+    try:
+        with open(f"/proc/{entry}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def parent_of(entry: str) -> "int | None":
     """The parent of process ``entry`` (a /proc name); None where it is no process."""
     try:
@@ -173,10 +181,11 @@ def dump_stacks(watchdog_pid: int, py_spy_hint: "str | None") -> dict:  # type: 
     return dump_pid(pid, py_spy_hint)
 
 
-def job_processes(job_id: str) -> dict[int, tuple[int, list[bytes]]]:
+def job_processes(job_id: str, named: bytes = b"") -> dict[int, tuple[int, list[bytes]]]:
     """This host's processes of a job: pid -> (parent, environment), for those whose
-    environment has the job's DTRAIN_JOB_ID and that share this process's network namespace
-    (hosts that are namespaces of one machine see each other's processes)."""
+    environment has the job's DTRAIN_JOB_ID (or whose command line has ``named``: mpirun's
+    daemon, by its session folder) and that share this process's network namespace (hosts
+    that are namespaces of one machine see each other's processes)."""
     job = f"DTRAIN_JOB_ID={job_id}".encode()
     try:
         here = os.readlink("/proc/self/ns/net")
@@ -189,7 +198,7 @@ def job_processes(job_id: str) -> dict[int, tuple[int, list[bytes]]]:
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 variables = f.read().split(b"\0")
-            if job not in variables:
+            if job not in variables and not (named and named in command_line(entry)):
                 continue
             if here is not None and os.readlink(f"/proc/{entry}/ns/net") != here:
                 continue
@@ -215,13 +224,15 @@ def claim_folder(path: str) -> str | None:
     return path if stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() else None
 
 
-def kill_job_processes(job_id: str, deadline_s: float = 5.0) -> dict[str, list[int]]:
+def kill_job_processes(job_id: str, deadline_s: float = 5.0, named: str = "") -> dict:  # type: ignore[type-arg]
     """SIGKILL what is left here of an ``--mpi`` job once mpirun is gone (a rank's child
-    that mpirun's daemon did not end), again until nothing is left; the pids killed."""
+    that mpirun's daemon did not end; the daemon itself, by its session folder ``named``:
+    alive, it could make the folder again, or write in it while it is removed), again
+    until nothing is left; the pids killed."""
     killed: list[int] = []
     deadline = time.monotonic() + deadline_s
     while True:  # one look at least, however late this thread runs (a busy machine)
-        left = list(job_processes(job_id))
+        left = list(job_processes(job_id, named.encode()))
         for pid in left:
             try:
                 os.kill(pid, 9)
@@ -300,13 +311,8 @@ def dump_pid(pid: int, py_spy_hint: "str | None") -> dict:  # type: ignore[type-
     if py_spy is None:
         return {"pid": pid, "error": "py-spy is not installed on this host (pip install py-spy)"}
     try:
-        done = subprocess.run(
-            [py_spy, "dump", "--json", "--pid", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=PY_SPY_TIMEOUT_S,
-            check=False,
-        )
+        command = [py_spy, "dump", "--json", "--pid", str(pid)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"pid": pid, "error": f"py-spy failed: {exc}"}
     if done.returncode != 0:
@@ -424,13 +430,8 @@ class Agent:
             become_watchdog(watchdog, spec, theirs)  # never returns
         for fd in theirs:
             os.close(fd)
-        child = Forked(
-            pid,
-            os.fdopen(ours_in, "wb"),
-            os.fdopen(ours_out, "rb", buffering=0),
-            os.fdopen(ours_err, "rb", buffering=0),
-            watchdog["status_of"],
-        )
+        child = Forked(pid, os.fdopen(ours_in, "wb"), os.fdopen(ours_out, "rb", buffering=0),
+                       os.fdopen(ours_err, "rb", buffering=0), watchdog["status_of"])  # fmt: skip
         self.children[rank] = child
         self.open_pipes[rank] = 3
         status_file = os.fdopen(ours_status, "rb", buffering=0)
@@ -510,7 +511,7 @@ class Agent:
                 except OSError:
                     pass
         if self.mpi_job is not None:
-            kill_job_processes(self.mpi_job)
+            kill_job_processes(self.mpi_job, named=self.mpi_sessions or "")
         if self.mpi_sessions is not None:
             shutil.rmtree(self.mpi_sessions, ignore_errors=True)
 
