@@ -1,9 +1,11 @@
 """The project file (issue 26, section 2): ``dtrain.toml`` or ``pyproject.toml``'s
 ``[tool.dtrain]``, found above the working directory, under the command line; ``-x PATTERN``.
 
-End to end: the real ``dtrain`` (a subprocess) in a temporary folder tree, a project file
-two folders up, plans read back from ``--dry-run --json``.  Pure parts (finding a key's
-line, laying the file under the command line): tables of whole values.
+End to end: ``dtrain`` in a temporary folder tree, a project file two folders up, plans read
+back from ``--dry-run --json``: what dtrain decides (a plan, a refusal, a dry run's lines)
+through the CLI's ``main`` in this process, and a real ``dtrain`` (a subprocess) where a job's
+ranks must see a file's value or its first line says whose settings steer it.  Pure parts
+(finding a key's line, laying the file under the command line): tables of whole values.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from launcher.core.projectfile import (
     settings_for,
     settle,
 )
-from tests.conftest import DTRAIN, JOBS, child_env
+from tests.conftest import DTRAIN, JOBS, child_env, dtrain_in_process
 from tests.otheruser import OtherUser
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,7 +53,18 @@ def write(folder: Path, name: str, text: str) -> Path:
 def dtrain(
     project: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``dtrain ARGS`` run two folders below ``project``."""
+    """``dtrain ARGS`` two folders below ``project``, in this process: for what dtrain says
+    or decides (a plan, a refusal, a dry run), not for a job that starts ranks."""
+    return dtrain_in_process(
+        *args, env={**child_env(), **(env or {})}, cwd=project / "src" / "deep"
+    )
+
+
+def dtrain_job(
+    project: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``dtrain ARGS`` run two folders below ``project``: a real ``dtrain`` (a subprocess),
+    for a job whose ranks start."""
     return subprocess.run(
         [*DTRAIN, *args],
         capture_output=True,
@@ -253,7 +266,7 @@ def test_a_mistake_in_the_file_is_one_line_with_its_line(
 ) -> None:
     (project / "dtrain.toml").write_text(text)
     assert the_error(dtrain(project, "run", "true")).startswith("dtrain: error: " + expected)
-    assert dtrain(project, "run", "--no-config", "true").returncode == 0  # (not even read)
+    assert dtrain(project, "run", "--dry-run", "--no-config", "true").returncode == 0  # (not read)
 
 
 def test_a_mistake_in_pyproject_names_its_table(project: Path) -> None:
@@ -305,18 +318,18 @@ def test_dry_run_and_verbose_say_where_each_value_came_from(project: Path) -> No
     assert "  env:  SECRET_FROM_HERE=...  (from dtrain's environment or an env file)" in (
         done.stdout
     )
-    verbose = dtrain(project, "run", "--verbose", "-H", "localhost:2", "true", env=env)
+    verbose = dtrain_job(project, "run", "--verbose", "-H", "localhost:2", "true", env=env)
     assert verbose.returncode == 0, verbose.stderr
     assert "dtrain:   np = 2  (../../dtrain.toml:6 [run])" in verbose.stderr
     assert "hidden-value" not in verbose.stdout + verbose.stderr
-    quiet = dtrain(project, "run", "-H", "localhost:2", "true", env=env)
+    quiet = dtrain_job(project, "run", "-H", "localhost:2", "true", env=env)
     assert "project file" not in quiet.stderr  # the values: said only when asked
     # ...but whose settings steer the job is its first line, every time (issue 33).
     assert (
         quiet.stderr.splitlines()[0]
         == "dtrain: settings from ../../dtrain.toml (env, env_file, np)"
     )
-    replaced = dtrain(
+    replaced = dtrain_job(
         project,
         "run",
         "-H",
@@ -532,9 +545,26 @@ def dtrain_in(
     )
 
 
+def decided_in(
+    folder: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``dtrain_in``'s call through the CLI's ``main`` in this process: for what dtrain says or
+    decides (a dry run, a refusal), not for a job that starts ranks."""
+    environ = {**child_env(), "XDG_CONFIG_HOME": str(folder / ".no-config"), **(env or {})}
+    return dtrain_in_process(*args, env=environ, cwd=folder)
+
+
 def values(done: subprocess.CompletedProcess[str]) -> list[str]:
     """The ranks' lines, without their tags (sorted)."""
     return sorted(line.split()[-1] for line in done.stdout.splitlines())
+
+
+def planned(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """What SHOW would print in each rank of a ``--dry-run --json`` plan (sorted): ``values``
+    of the job that plan starts."""
+    assert done.returncode == 0, done.stderr
+    ranks: list[dict[str, Any]] = json.loads(done.stdout)
+    return sorted(f"PLANTED={rank['env'].get('PLANTED', 'no')}" for rank in ranks)
 
 
 def planted_below(shared: Path) -> Path:
@@ -561,7 +591,7 @@ def test_a_file_another_user_planted_above_is_ignored_with_one_line(
     assert values(done) == ["PLANTED=no"]
     assert done.stderr.splitlines()[0] == said
     assert "settings from" not in done.stderr
-    dry = dtrain_in(work, "run", "--dry-run", "--json", "true")
+    dry = decided_in(work, "run", "--dry-run", "--json", "true")
     assert dry.returncode == 0, dry.stderr
     ranks = json.loads(dry.stdout)
     assert len(ranks) == 1 and "PLANTED" not in ranks[0]["env"]  # (the file's np = 2: not)
@@ -580,20 +610,21 @@ def test_config_reads_the_file_it_names_unless_others_may_write_it(
     assert values(done) == ["PLANTED=yes", "PLANTED=yes"]
     assert done.stderr.splitlines()[0] == f"dtrain: settings from {planted} (np, env)"
     other_user.sh(f"chmod 666 '{planted}'")
-    refused = dtrain_in(work, "run", "--config", str(planted), *SHOW)
+    refused = decided_in(work, "run", "--config", str(planted), *SHOW)
     assert the_error(refused) == (
         f"dtrain: error: --config {planted}: writable by group or others (mode 0666): another "
         f"user could change what it runs (hint: chmod go-w {planted}; or copy "
         "it to a file of your own)"
     )
-    found = dtrain_in(work, "run", "-np", "1", *SHOW)  # found, not named: skipped, not refused
-    assert found.returncode == 0 and values(found) == ["PLANTED=no"]
+    # Found, not named: skipped, not refused.
+    found = decided_in(work, "run", "--dry-run", "--json", "-np", "1", *SHOW)
+    assert found.returncode == 0 and planned(found) == ["PLANTED=no"]
     assert found.stderr.splitlines()[0] == ignored_line(
         planted,
         f"owned by {other_user.name}, writable by group or others (mode 0666)",
         f"chmod go-w {planted}",
     )
-    both = dtrain_in(work, "run", "--config", str(planted), "--no-config", "true")
+    both = decided_in(work, "run", "--config", str(planted), "--no-config", "true")
     assert "give one of them" in the_error(both)
 
 
@@ -611,12 +642,14 @@ def test_a_planted_pyproject_tool_dtrain_is_ignored_too(
         f"dtrain: ignoring {planted}'s tool.dtrain: owned by {other_user.name} "
         f"(hint: run with --config {planted} to use it)"
     )
-    named = dtrain_in(work, "run", "-np", "1", "--config", str(planted), *SHOW)
+    named = decided_in(
+        work, "run", "--dry-run", "--json", "-np", "1", "--config", str(planted), *SHOW
+    )
     assert named.returncode == 0, named.stderr
-    assert values(named) == ["PLANTED=yes"]
+    assert planned(named) == ["PLANTED=yes"]
     # A pyproject.toml of theirs without [tool.dtrain]: nothing of dtrain's, nothing said.
     other_user.write(planted, '[project]\nname = "theirs"')
-    quiet = dtrain_in(work, "run", "-np", "1", "true")
+    quiet = decided_in(work, "run", "--dry-run", "-np", "1", "true")
     assert quiet.returncode == 0 and "dtrain: ignoring" not in quiet.stderr
 
 
@@ -630,9 +663,9 @@ def test_a_group_writable_team_folder_is_trusted_once_listed(
     proj = team / "proj"
     proj.mkdir(mode=0o755)
     write(proj, "dtrain.toml", '[run]\nenv = ["PLANTED=team"]\n')
-    done = dtrain_in(proj, "run", "-np", "1", *SHOW)
+    done = decided_in(proj, "run", "--dry-run", "--json", "-np", "1", *SHOW)
     assert done.returncode == 0, done.stderr
-    assert values(done) == ["PLANTED=no"]
+    assert planned(done) == ["PLANTED=no"]
     assert done.stderr.splitlines()[0] == ignored_line(
         proj / "dtrain.toml",
         f"{team} is writable by group or others (mode 2775)",
@@ -650,12 +683,12 @@ def test_a_group_writable_team_folder_is_trusted_once_listed(
     assert done.stderr.splitlines()[0] == "dtrain: settings from dtrain.toml (env)"
     # A config others may write widens nothing: one line, exit 2.
     (home / ".config" / "dtrain" / "config.toml").chmod(0o666)
-    assert "dtrain trusts no list there" in the_error(dtrain_in(proj, "run", "true", env=listed))
+    assert "dtrain trusts no list there" in the_error(decided_in(proj, "run", "true", env=listed))
     # Everyone's folder (o+w, not sticky): no list trusts it.
     (home / ".config" / "dtrain" / "config.toml").chmod(0o644)
     team.chmod(0o777)
-    done = dtrain_in(proj, "run", "-np", "1", *SHOW, env=listed)
-    assert values(done) == ["PLANTED=no"] and "ignoring" in done.stderr
+    done = decided_in(proj, "run", "--dry-run", "--json", "-np", "1", *SHOW, env=listed)
+    assert planned(done) == ["PLANTED=no"] and "ignoring" in done.stderr
 
 
 def test_the_search_stops_at_a_folder_of_another_user(
@@ -666,13 +699,13 @@ def test_the_search_stops_at_a_folder_of_another_user(
     other_user.sh(f"mkdir -m 755 '{theirs}'")
     inside = theirs / "sub"
     inside.mkdir()  # ours, in their folder
-    done = dtrain_in(inside, "run", "-np", "1", *SHOW)
+    done = decided_in(inside, "run", "--dry-run", "--json", "-np", "1", *SHOW)
     assert done.returncode == 0, done.stderr
-    assert values(done) == ["PLANTED=no"] and "dtrain: ignoring" not in done.stderr
+    assert planned(done) == ["PLANTED=no"] and "dtrain: ignoring" not in done.stderr
     # Their own file there is said, as any file of another user's the search finds.
     planted = other_user.write(theirs / "dtrain.toml", PLANTED)
-    done = dtrain_in(inside, "run", "-np", "1", *SHOW)
-    assert values(done) == ["PLANTED=no"]
+    done = decided_in(inside, "run", "--dry-run", "--json", "-np", "1", *SHOW)
+    assert planned(done) == ["PLANTED=no"]
     assert done.stderr.splitlines()[:1] == [
         ignored_line(
             planted, f"owned by {other_user.name}", f"run with --config {planted} to use it"
