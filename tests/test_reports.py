@@ -247,3 +247,28 @@ def test_a_standing_clusters_view_counts_the_tasks_dtrain_runs(tmp_path: Path) -
     )  # fmt: skip
     assert sorted(transport.started) == [1, 2, 3]  # the chief, rank 0, is the coordinator
     assert [size for _, size in frontend.views] == [3]
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_a_clock_that_did_not_answer_in_time_is_unknown(
+    columns: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dtrain check` where no `date` exchange with a host came back in time (a busy host):
+    its clock offset is unknown, null in --json and "-" on the terminal, not NaN (which is
+    no JSON, and was shown as "clock +nan ms")."""
+    import io
+
+    from launcher.run.survey import summarize_host
+    from launcher.view.reports import print_check_report
+
+    report = {"hostname": "node1", "python": "/usr/bin/python3", "python_version": "3.11.7",
+              "versions": {}, "gpus": [], "ports": [40000]}  # fmt: skip
+    row = summarize_host("node1", report, 0.004, None)
+    assert json.loads(json.dumps(row, allow_nan=False))["clock_offset_ms"] is None
+    monkeypatch.setenv("COLUMNS", str(columns))
+    out = io.StringIO()
+    print_check_report([row], out)
+    assert "nan" not in out.getvalue() and "1 of 1 hosts ok" in out.getvalue()
+    assert ("clock -  free port 40000" in out.getvalue()) == (columns == 80), out.getvalue()
+    measured = summarize_host("node1", report, 0.004, -0.0123)
+    assert measured["clock_offset_ms"] == -12.3

@@ -481,7 +481,7 @@ def check_hosts(
 
 
 def summarize_host(
-    name: str, report: Mapping[str, Any], rtt_s: float | None, offset_s: float
+    name: str, report: Mapping[str, Any], rtt_s: float | None, offset_s: float | None
 ) -> dict[str, Any]:
     from launcher.core.gpucheck import gpu_fields
 
@@ -504,6 +504,6 @@ def summarize_host(
         "gpus": len(gpus),
         "gpus_busy": len(busy),
         "free_port": report["ports"][0],
-        "clock_offset_ms": round(offset_s * 1000, 1),
+        "clock_offset_ms": None if offset_s is None else round(offset_s * 1000, 1),
         **gpu_fields(report.get("gpu_details")),
     }

@@ -33,6 +33,7 @@ logging.getLogger("paramiko").propagate = False
 
 KEEPALIVE_S = 15
 TCP_USER_TIMEOUT_MS = 30_000  # a host that stops acknowledging is given up after this
+CLOCK_PATIENCE_S = 10.0  # dtrain check: how long one `date` answer may take, at least
 
 
 class UnknownHostKeyError(paramiko.SSHException):
@@ -137,12 +138,14 @@ class SshConnection:
             best = min(best, time.monotonic() - started)
         return best
 
-    def clock_offset_s(self, timeout_s: float, samples: int = 6) -> float:
+    def clock_offset_s(self, timeout_s: float, samples: int = 6) -> float | None:
         """The host's clock minus ours, NTP style: `date` answers on an open channel,
-        and the exchange with the shortest round trip gives the estimate."""
+        and the exchange with the shortest round trip gives the estimate; None where no
+        exchange but the first (which also starts the shell) came back in time.  Each
+        answer may take ``CLOCK_PATIENCE_S`` at least: a busy host answers late, not never."""
         channel = self.open_channel("while read -r _; do date +%s.%N; done", timeout_s)
-        channel.settimeout(timeout_s)
-        best = (float("inf"), float("nan"))
+        channel.settimeout(max(timeout_s, CLOCK_PATIENCE_S))
+        best: tuple[float, float | None] = (float("inf"), None)
         buffer = b""
         try:
             for sample in range(samples):

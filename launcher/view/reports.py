@@ -252,12 +252,18 @@ def check_block(row: Mapping[str, Any]) -> list[str]:
     in_use = [f"  in use by {in_use_by(row)}"] if row.get("gpus_in_use") else []
     return [
         f"[bold]{row['host']}[/bold]  {check_state(row)}  rtt {rtt} ms  "
-        f"clock {row['clock_offset_ms']:+.1f} ms  free port {row['free_port']}",
+        f"clock {clock_text(row)}  free port {row['free_port']}",
         f"  python {row['python_version']} {escape(row['python'])}",
         f"  {frameworks}",
         "  " + "  ".join(gpus),
         *in_use,
     ]
+
+
+def clock_text(row: Mapping[str, Any]) -> str:
+    """The host's clock offset, or "-" where no `date` answered in time (a busy host)."""
+    offset = row.get("clock_offset_ms")
+    return "-" if offset is None else f"{offset:+.1f} ms"
 
 
 def check_state(row: Mapping[str, Any]) -> str:
@@ -307,6 +313,6 @@ def check_table(rows: Sequence[Mapping[str, Any]]) -> Any:
             f"{driver} ({row.get('driver_cuda') or '-'})" if driver else "-",
             str(sum(ecc.values())) if ecc else "-",
             str(row["free_port"]),
-            f"{row['clock_offset_ms']:+.1f}",
+            clock_text(row).removesuffix(" ms"),
         )
     return table
