@@ -301,7 +301,7 @@ NEEDS = {  # marker: what its tests need, said when -m leaves them out
     "slow": "slow (real torch, TensorFlow and MPI programs end to end)",
 }
 LEFT_OUT: dict[str, int] = dict.fromkeys(NEEDS, 0)
-MACHINE_WIDE = "testhosts"  # the xdist group of the tests on the test hosts or Slurm
+MACHINE_WIDE = "slurm"  # the xdist group of the tests on Slurm (one Slurm per machine)
 
 
 @pytest.hookimpl(tryfirst=True)  # (before pytest-xdist reads the groups off the items)
@@ -309,7 +309,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests that use the SSH test hosts are marked ``sshhosts``, those that use Slurm
     ``slurm`` (``-m "not sshhosts and not slurm"`` leaves them out). Tests that use the Slurm
     cluster run last: its slurmds live in the test hosts' namespaces until the session ends,
-    which the tests that tear the hosts down and check that nothing is left must not see."""
+    which the tests that tear the hosts down and check that nothing is left must not see.
+    Under pytest-xdist each worker has test hosts of its own (tests/testhosts.py's lanes),
+    and the tests on Slurm share one worker (one Slurm per machine), where they run last."""
     uses = {id(item): set(getattr(item, "fixturenames", ())) for item in items}
     grouped = config.pluginmanager.hasplugin("xdist")  # (-p no:xdist: no group to join)
     for item in items:
@@ -317,10 +319,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.sshhosts)
         if uses[id(item)] & SLURM_FIXTURES:
             item.add_marker(pytest.mark.slurm)
-        if grouped and any(item.get_closest_marker(name) for name in ("sshhosts", "slurm")):
-            # One set of test hosts (and one Slurm) per machine: their tests share one
-            # pytest-xdist worker (--dist loadgroup), which starts them once.  (By the
-            # marker: a test marked by hand, that takes its hosts by getfixturevalue, too.)
+        if grouped and item.get_closest_marker("slurm"):
+            # One Slurm per machine: its tests share one pytest-xdist worker (--dist
+            # loadgroup), which starts it once.  (By the marker: one marked by hand too.)
             item.add_marker(pytest.mark.xdist_group(MACHINE_WIDE))
     items.sort(key=lambda item: bool(uses[id(item)] & CLUSTER_FIXTURES))  # stable sort
 

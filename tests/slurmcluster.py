@@ -5,7 +5,8 @@ Debian's packages (``slurmctld``, ``slurmd``, ``slurm-client``, ``munge``), noth
 - one ``munged`` with a key generated for this run and its socket in the state dir (the
   machine's own munged, if any, is neither used nor touched);
 - one ``slurmctld`` in the root network namespace, reached by the nodes on the bridge
-  address 198.18.0.1 (``SlurmctldHost=localhost(198.18.0.1)``) on a free port;
+  address 198.18.0.1 (``SlurmctldHost=localhost(198.18.0.1)``; in lane 0, see
+  tests/testhosts.py's lanes) on a free port;
 - one ``slurmd`` per test host ``nodeK``, inside that host's network, UTS and mount
   namespaces (entered with ``nsenter`` from its sshd, so a step's ``hostname`` prints
   ``nodeK`` and its processes are among ``ip netns pids dtrain-nodeK``), registered as

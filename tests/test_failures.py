@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import marked_pids, start_dtrain, wait_for_pids
 from tests.test_ssh import watchdogs_on
-from tests.testhosts import TestHosts, processes_in
+from tests.testhosts import VETH_PREFIX, TestHosts, processes_in
 
 pytestmark = [pytest.mark.sshhosts, pytest.mark.slow]
 
@@ -68,7 +68,7 @@ def wait_for_sleepers(mark: str, count: int, timeout_s: float = 30) -> None:
 def set_link(name: str, up: bool) -> None:
     """Plug or unplug host ``name``'s network cable (its veth on the test bridge)."""
     state = "up" if up else "down"
-    subprocess.run(["ip", "link", "set", "dev", f"dtv-{name}", state], check=True)
+    subprocess.run(["ip", "link", "set", "dev", f"{VETH_PREFIX}{name}", state], check=True)
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,7 @@ def check_script(directory: Path, token: str, password: str) -> str:
 
 
 # ssh takes the test hosts by request.getfixturevalue, which the fixture-based marking in
-# conftest.py cannot see: marked here, so that the fast lane leaves it out and it runs in
-# the test hosts' xdist group (conftest.py groups what is marked sshhosts).
+# conftest.py cannot see: marked here, so that the fast lane leaves it out.
 @pytest.mark.parametrize(
     "mode",
     [pytest.param(m, marks=pytest.mark.sshhosts) if m == "ssh" else m for m in MODES],

@@ -26,7 +26,7 @@ from tests.conftest import (
     wait_for_pids,
     wait_until_gone,
 )
-from tests.testhosts import TestHosts, processes_in
+from tests.testhosts import SUBNET, TestHosts, netns_name, processes_in
 
 pytestmark = pytest.mark.sshhosts
 
@@ -219,12 +219,12 @@ def test_killed_launcher_leaves_nothing_on_any_host(ssh_hosts: TestHosts, mark: 
 def test_unreachable_host_fails_within_the_timeout(ssh_hosts: TestHosts) -> None:
     started = time.monotonic()
     result = run_dtrain(
-        "run", *ssh(ssh_hosts), "--ssh-timeout", "2", "-H", "node1,198.18.0.99", "true"
+        "run", *ssh(ssh_hosts), "--ssh-timeout", "2", "-H", f"node1,{SUBNET}.99", "true"
     )
     assert time.monotonic() - started < 15
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        "dtrain: error: 198.18.0.99: no answer on port 22 within 2s (hint: check that the host "
+        f"dtrain: error: {SUBNET}.99: no answer on port 22 within 2s (hint: check that the host "
         "is up and reachable, or raise --ssh-timeout)"
     ]
 
@@ -233,7 +233,7 @@ def test_refused_connection_names_the_host(ssh_hosts: TestHosts) -> None:
     result = run_dtrain("run", *ssh(ssh_hosts), "--ssh-port", "2222", "-H", "node1", "true")
     assert result.returncode == 1
     assert result.stderr.startswith(
-        "dtrain: error: node1 (198.18.0.11): connection refused on port 2222"
+        f"dtrain: error: node1 ({SUBNET}.11): connection refused on port 2222"
     )
 
 
@@ -246,7 +246,7 @@ def test_refused_key(ssh_hosts: TestHosts, tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert result.stderr.startswith(
-        "dtrain: error: node2 (198.18.0.12): authentication failed for user root"
+        f"dtrain: error: node2 ({SUBNET}.12): authentication failed for user root"
     )
 
 
@@ -267,13 +267,13 @@ def test_unknown_host_key_is_refused_then_trusted_on_request(
     )
     refused = run_dtrain("run", "--ssh-config", str(config), "-H", "node3", "true")
     assert refused.returncode == 1
-    assert "node3 (198.18.0.13): host key unknown" in refused.stderr
-    assert f"ssh-keyscan -p 22 198.18.0.13 >> {known_hosts}'" in refused.stderr
+    assert f"node3 ({SUBNET}.13): host key unknown" in refused.stderr
+    assert f"ssh-keyscan -p 22 {SUBNET}.13 >> {known_hosts}'" in refused.stderr
     trusted = run_dtrain(
         "run", "--ssh-config", str(config), "--accept-new-host-keys", "-H", "node3", "true"
     )
     assert trusted.returncode == 0, trusted.stderr
-    assert known_hosts.read_text().startswith("198.18.0.13 ssh-ed25519 ")
+    assert known_hosts.read_text().startswith(f"{SUBNET}.13 ssh-ed25519 ")
     again = run_dtrain("run", "--ssh-config", str(config), "-H", "node3", "true")
     assert again.returncode == 0, again.stderr
 
@@ -283,7 +283,7 @@ def test_changed_host_key_is_refused(ssh_hosts: TestHosts, tmp_path: Path) -> No
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(
-        "198.18.0.11 " + " ".join(other.with_suffix(".pub").read_text().split()[:2]) + "\n"
+        f"{SUBNET}.11 " + " ".join(other.with_suffix(".pub").read_text().split()[:2]) + "\n"
     )
     config = tmp_path / "ssh_config"
     config.write_text(
@@ -296,10 +296,10 @@ def test_changed_host_key_is_refused(ssh_hosts: TestHosts, tmp_path: Path) -> No
     )
     result = run_dtrain("run", "--ssh-config", str(config), "-H", "node1", "true")
     assert result.returncode == 1
-    assert f"node1 (198.18.0.11): host key CHANGED: it does not match {known_hosts}" in (
+    assert f"node1 ({SUBNET}.11): host key CHANGED: it does not match {known_hosts}" in (
         result.stderr
     )
-    assert f"ssh-keygen -f {known_hosts} -R 198.18.0.11" in result.stderr
+    assert f"ssh-keygen -f {known_hosts} -R {SUBNET}.11" in result.stderr
 
 
 def test_system_wide_known_hosts_are_trusted(ssh_hosts: TestHosts, tmp_path: Path) -> None:
@@ -383,13 +383,13 @@ def test_check_reports_every_host(ssh_hosts: TestHosts) -> None:
         "--ssh-timeout",
         "2",
         "-H",
-        "localhost,node1,node2,node3,198.18.0.99",
+        f"localhost,node1,node2,node3,{SUBNET}.99",
         "--json",
     )
     assert result.returncode == 1  # one host is unreachable
     rows = {row["host"]: row for row in json.loads(result.stdout)}
-    assert rows["198.18.0.99"]["ok"] is False
-    assert "no answer on port 22" in rows["198.18.0.99"]["error"]
+    assert rows[f"{SUBNET}.99"]["ok"] is False
+    assert "no answer on port 22" in rows[f"{SUBNET}.99"]["error"]
     for name in ("node1", "node2", "node3"):
         row = rows[name]
         assert row["ok"] and row["hostname"] == name
@@ -405,7 +405,7 @@ def test_check_reports_every_host(ssh_hosts: TestHosts) -> None:
     assert "2 of 2 hosts ok" in table.stdout
     for columns in (80, 200):  # host by host on a narrow terminal, a table on a wide one
         env = {**child_env(), "COLUMNS": str(columns)}
-        shown = run_dtrain("check", *ssh(ssh_hosts), "-H", "node1,198.18.0.99", env=env).stdout
+        shown = run_dtrain("check", *ssh(ssh_hosts), "-H", f"node1,{SUBNET}.99", env=env).stdout
         assert all(len(line) <= columns for line in shown.splitlines()), shown
         assert ("┃" in shown) == (columns == 200)  # the table's header
         assert "FAILED" in shown and "1 of 2 hosts ok" in shown
@@ -510,7 +510,7 @@ def test_tf_parameter_servers_across_hosts(ssh_hosts: TestHosts, mark: str, tmp_
 def test_proxy_jump_from_the_ssh_config(ssh_hosts: TestHosts, mark: str, tmp_path: Path) -> None:
     config = tmp_path / "ssh_config"
     config.write_text(
-        "Host hidden-node2\n  HostName 198.18.0.12\n  ProxyJump node1\n\n"
+        f"Host hidden-node2\n  HostName {SUBNET}.12\n  ProxyJump node1\n\n"
         + ssh_hosts.ssh_config.read_text()
     )
     result = run_dtrain(
@@ -527,13 +527,13 @@ def test_proxy_jump_from_the_ssh_config(ssh_hosts: TestHosts, mark: str, tmp_pat
     )
     assert result.returncode == 0, result.stderr
     # node2's sshd saw the connection come from node1: it went through the jump host.
-    assert result.stdout.splitlines() == ["[0@hidden-node2] node2 from 198.18.0.11"]
+    assert result.stdout.splitlines() == [f"[0@hidden-node2] node2 from {SUBNET}.11"]
 
 
 def test_proxy_jump_over_two_hosts(ssh_hosts: TestHosts, mark: str, tmp_path: Path) -> None:
     config = tmp_path / "ssh_config"
     config.write_text(
-        "Host far-node3\n  HostName 198.18.0.13\n  ProxyJump node1,node2\n\n"
+        f"Host far-node3\n  HostName {SUBNET}.13\n  ProxyJump node1,node2\n\n"
         + ssh_hosts.ssh_config.read_text()
     )
     result = run_dtrain(
@@ -550,7 +550,7 @@ def test_proxy_jump_over_two_hosts(ssh_hosts: TestHosts, mark: str, tmp_path: Pa
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        "[0@far-node3] node3 from 198.18.0.12"
+        f"[0@far-node3] node3 from {SUBNET}.12"
     ]  # node1, then node2
     broken = config.read_text().replace("ProxyJump node1,node2", "ProxyJump node1,nosuchhost")
     config.write_text(broken)
@@ -757,12 +757,12 @@ def test_a_raw_library_message_gets_the_host_and_a_hint(ssh_hosts: TestHosts) ->
     server = (
         "import socket, time\n"
         "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-        "s.bind(('198.18.0.13', 2299)); s.listen(5); print('up', flush=True)\n"
+        f"s.bind(('{SUBNET}.13', 2299)); s.listen(5); print('up', flush=True)\n"
         "while True:\n"
         "    c, _ = s.accept(); c.sendall(b'HTTP 400\\r\\n'); time.sleep(3); c.close()\n"
     )
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", "dtrain-node3", sys.executable, "-c", server],
+        ["ip", "netns", "exec", netns_name("node3"), sys.executable, "-c", server],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -779,18 +779,18 @@ def test_a_raw_library_message_gets_the_host_and_a_hint(ssh_hosts: TestHosts) ->
     (line,) = result.stderr.splitlines()
     # paramiko says 'Error reading SSH protocol banner' or 'No existing session' here
     assert re.match(
-        r"dtrain: error: node3 \(198.18.0.13\): (no SSH greeting from the server|the SSH session "
+        rf"dtrain: error: node3 \({SUBNET}.13\): (no SSH greeting from the server|the SSH session "
         r"ended before login).* \(paramiko: (Error reading SSH protocol banner|No existing "
         r"session)\) \(hint: check the port \(--ssh-port\)",
         line,
     ), line
 
 
-DROPPING_PROXY = """
+DROPPING_PROXY = f"""
 import socket, sys, threading
 drops = int(sys.argv[1])
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("198.18.0.13", 2300)); s.listen(50); print("up", flush=True)
+s.bind(("{SUBNET}.13", 2300)); s.listen(50); print("up", flush=True)
 def pipe(a, b):
     try:
         while data := a.recv(65536):
@@ -809,7 +809,7 @@ while True:
         print("dropped", flush=True)
         c.close()
         continue
-    up = socket.create_connection(("198.18.0.13", 22))
+    up = socket.create_connection(("{SUBNET}.13", 22))
     threading.Thread(target=pipe, args=(c, up), daemon=True).start()
     threading.Thread(target=pipe, args=(up, c), daemon=True).start()
 """
@@ -823,7 +823,7 @@ def test_a_connection_dropped_before_the_greeting_is_tried_again(
     key = (ssh_hosts.host_dir("node3") / "ssh_host_ed25519_key.pub").read_text().split()
     known = tmp_path / "known_hosts"
     known.write_text(
-        ssh_hosts.known_hosts.read_text() + f"[node3]:2300,[198.18.0.13]:2300 {key[0]} {key[1]}\n"
+        ssh_hosts.known_hosts.read_text() + f"[node3]:2300,[{SUBNET}.13]:2300 {key[0]} {key[1]}\n"
     )
     config = tmp_path / "ssh_config"
     config.write_text(
@@ -836,7 +836,7 @@ def test_a_connection_dropped_before_the_greeting_is_tried_again(
         + "\n"
     )
     proxy = subprocess.Popen(
-        ["ip", "netns", "exec", "dtrain-node3", sys.executable, "-c", DROPPING_PROXY, "3"],
+        ["ip", "netns", "exec", netns_name("node3"), sys.executable, "-c", DROPPING_PROXY, "3"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -17,6 +17,7 @@ import pytest
 from tests.testhosts import (
     BRIDGE,
     NETNS_PREFIX,
+    SUBNET,
     TestHosts,
     cleanup_leftovers,
     netns_name,
@@ -65,7 +66,7 @@ def _bridge_exists() -> bool:
 def test_layout(hosts: TestHosts) -> None:
     assert hosts.netns
     assert hosts.names == ["node1", "node2", "node3"]
-    assert hosts.addresses == {f"node{k}": f"198.18.0.{10 + k}" for k in (1, 2, 3)}
+    assert hosts.addresses == {f"node{k}": f"{SUBNET}.{10 + k}" for k in (1, 2, 3)}
     for path in (hosts.ssh_config, hosts.identity, hosts.known_hosts):
         assert path.is_file()
     assert sorted(_namespaces()) == [netns_name(n) for n in hosts.names]
@@ -157,7 +158,7 @@ def test_cleanup_after_crashed_run(ssh_hosts_session: TestHosts, tmp_path: Path)
     crashed.start()
     sshd_pids = list(crashed.pids.values())
     crashed.detach()  # as if the process had died: everything left running
-    assert sorted(_namespaces()) == ["dtrain-node1", "dtrain-node2"]
+    assert sorted(_namespaces()) == [netns_name("node1"), netns_name("node2")]
 
     # a new run starts cleanly on top of the leftovers ...
     with TestHosts(1) as fresh:

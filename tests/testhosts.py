@@ -6,8 +6,9 @@ Stdlib only.  Two modes:
     Host ``nodeK`` is a network namespace ``dtrain-nodeK`` with address
     ``198.18.0.(10+K)/24`` on ``eth0``, a veth pair whose other end
     (``dtv-nodeK``) is enslaved to the bridge ``dtrain-br0`` (198.18.0.1/24) in
-    the root namespace.  The launcher (root namespace) reaches every node and
-    the nodes reach each other through the bridge.  Each ``sshd`` also runs in
+    the root namespace (lane 0's names and addresses; see below for the others).
+    The launcher (root namespace) reaches every node and the nodes reach each
+    other through the bridge.  Each ``sshd`` also runs in
     its own UTS namespace, so ``ssh node2 hostname`` prints ``node2``.
 
 ``loopback`` (fallback)
@@ -27,9 +28,12 @@ Usage::
         hosts.run("node2", "hostname").stdout  # 'node2\\n'
         subprocess.run(["ssh", "-F", str(hosts.ssh_config), "node1", "true"])
 
-Only one set of netns test hosts can exist per machine (the names are fixed);
-``start()`` takes an exclusive ``flock`` on ``LOCK_PATH`` held until ``stop()``,
-so concurrent test runs queue instead of destroying each other's hosts.
+One set of netns test hosts can exist per lane (``LANE``: one per pytest-xdist
+worker, 0 outside xdist), whose names and addresses are its own: lane 2's node3
+is the namespace ``dtrain2-node3`` at 198.18.2.13 on the bridge ``dtrain-br2``.
+``start()`` takes an exclusive ``flock`` on the lane's ``LOCK_PATH`` held until
+``stop()``, so concurrent test runs in one lane queue instead of destroying each
+other's hosts.
 """
 
 from __future__ import annotations
@@ -69,20 +73,36 @@ __all__ = [
     "unavailable_reason",
 ]
 
-NETNS_PREFIX = "dtrain-"  # namespace of host "node3" is "dtrain-node3"
-BRIDGE = "dtrain-br0"
-VETH_PREFIX = "dtv-"  # root-namespace end of node3's veth pair: "dtv-node3"
-SUBNET = "198.18.0"  # RFC 2544 benchmarking range, never routed
+
+def _lane() -> int:
+    """Which set of test hosts this process runs: one per pytest-xdist worker (``gwN``: lane
+    N+1), each with namespaces, bridge, addresses, state folders and lock of its own, so that
+    the workers run host tests side by side; 0 outside xdist (``scripts/testhosts``, a
+    single pytest process).  ``DTRAIN_TEST_LANE`` chooses one (0..199)."""
+    given = os.environ.get("DTRAIN_TEST_LANE", "")
+    if given.isdigit():
+        return int(given)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+    return int(worker) + 1 if worker.isdigit() else 0
+
+
+LANE = _lane()
+_TAG = str(LANE) if LANE else ""  # lane 0's names are those of a single run: dtrain-node3
+NETNS_PREFIX = f"dtrain{_TAG}-"  # namespace of host "node3" is "dtrain-node3" (lane 2: dtrain2-)
+BRIDGE = f"dtrain-br{LANE}"
+VETH_PREFIX = f"dtv{_TAG}-"  # root-namespace end of node3's veth pair: "dtv-node3"
+SUBNET = f"198.18.{LANE}"  # RFC 2544 benchmarking range (198.18.0.0/15), never routed
 BRIDGE_ADDRESS = f"{SUBNET}.1"
+STATE_PREFIX = f"dtrain-testhosts{_TAG}-"  # the state folder, in the temporary folder
 PREFIX_LEN = 24
-NODE_OFFSET = 10  # node K -> 198.18.0.(10+K)
+NODE_OFFSET = 10  # node K -> 198.18.LANE.(10+K)
 MAX_HOSTS = 200
 SSHD_CONFIG_NAME = "dtrain_sshd_config"  # marks our daemons in /proc/*/cmdline
 MARKER_NAME = "testhosts.json"  # marks a state dir as ours (safe to rmtree)
-# root-owned hosts (netns names, port 22) are machine-global; non-root ones
-# use free ports, so a per-user lock is enough
+# root-owned hosts (netns names, port 22) are machine-global, one set per lane; non-root
+# ones use free ports, so a per-user lock is enough
 LOCK_PATH = Path(tempfile.gettempdir()) / (
-    "dtrain-testhosts.lock" if os.geteuid() == 0 else f"dtrain-testhosts-{os.geteuid()}.lock"
+    f"dtrain-testhosts{_TAG}.lock" if os.geteuid() == 0 else f"dtrain-testhosts-{os.geteuid()}.lock"
 )
 PRIVSEP_DIR = Path("/run/sshd")
 SFTP_SERVER_CANDIDATES = ("/usr/lib/openssh/sftp-server", "/usr/libexec/sftp-server")
@@ -98,23 +118,6 @@ class TestHostsError(RuntimeError):
     """Setting up or talking to the test hosts failed."""
 
     __test__ = False  # not a pytest test class despite the name
-
-
-GROUP_SUFFIX = "@testhosts"  # pytest-xdist's loadgroup adds it to the ids of the group's tests
-
-
-def claim_for_this_worker() -> None:
-    """Under pytest-xdist, the test hosts are the one worker's that runs the ``testhosts``
-    group (tests/conftest.py, ``--dist loadgroup``): a test outside it that starts them (one
-    that found its hosts by ``request.getfixturevalue``, say) would wait on that worker's
-    lock, or take it while a test there has stopped its hosts and break that test.  It
-    fails at once instead, naming itself."""
-    current = os.environ.get("PYTEST_CURRENT_TEST", "")
-    if os.environ.get("PYTEST_XDIST_WORKER") and GROUP_SUFFIX not in current:
-        raise TestHostsError(
-            f"{current or 'a test'} starts the test hosts outside the testhosts group of "
-            "--dist loadgroup: name the host or Slurm fixture in the test's arguments"
-        )
 
 
 # --------------------------------------------------------------------------
@@ -274,10 +277,10 @@ def _descendants(pid: int, children: dict[int, list[int]] | None = None) -> list
 
 
 def _our_sshd_pids(state_dir: Path | None = None) -> list[int]:
-    """sshd masters started by this module (any run, or one state dir)."""
+    """sshd masters started by this module (any run of this lane, or one state dir)."""
     pids: list[int] = []
     needle = SSHD_CONFIG_NAME.encode()
-    scope = str(state_dir).encode() if state_dir is not None else b""
+    scope = str(state_dir if state_dir is not None else f"/{STATE_PREFIX}").encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -724,7 +727,6 @@ class TestHosts:
                 f"{active!r} is still running in this process; only one set of "
                 "test hosts can run at a time (stop it or share one fixture)"
             )
-        claim_for_this_worker()
         fh = open(LOCK_PATH, "a+")  # noqa: SIM115 - held until stop()
         deadline = time.monotonic() + self.lock_timeout
         while True:
@@ -767,7 +769,7 @@ class TestHosts:
 
     def _make_state_dir(self) -> None:
         if self._state_dir_arg is None:
-            path = Path(tempfile.mkdtemp(prefix="dtrain-testhosts-"))
+            path = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
         else:
             path = self._state_dir_arg
             path.mkdir(parents=True, exist_ok=True)
@@ -832,7 +834,7 @@ class TestHosts:
     def _choose_loopback_addresses(self) -> None:
         root = _is_root()
         for k, name in enumerate(self.names, start=1):
-            address = f"127.0.0.{k + 1}"
+            address = f"127.{LANE}.0.{k + 1}"  # (loopback is all of 127.0.0.0/8)
             self.addresses[name] = address
             self.ports[name] = 22 if root else _free_port(address)
 
