@@ -15,6 +15,7 @@ from tests.conftest import (
     JOBS,
     REPO,
     child_env,
+    dtrain_in_process,
     py,
     run_dtrain,
     start_dtrain,
@@ -67,18 +68,20 @@ def test_logs_after_the_job_with_filters(mark: str) -> None:
     result = run_dtrain("run", "-np", "3", "-x", f"DTRAIN_TEST_MARK={mark}", *py(code))
     assert result.returncode == 0
     job = job_id_of(result.stderr)
-    everything = run_dtrain("logs", job)
+    everything = dtrain_in_process("logs", job)
     assert everything.returncode == 0
     lines = everything.stdout.splitlines()
     assert len(lines) == 12
     for rank in range(3):
         assert tagged(everything.stdout, rank) == [f"rank {rank} step {i}" for i in range(3)]
         assert f"[{rank}]<stderr> rank {rank} warn" in lines
-    only = run_dtrain("logs", job, "--rank", "0,2", "--grep", "step [12]").stdout.splitlines()
-    assert sorted(only) == sorted(f"[{r}] rank {r} step {i}" for r in (0, 2) for i in (1, 2))
-    assert run_dtrain("logs", job, "--role", "ps").stdout == ""
-    assert run_dtrain("logs", job, "--since", "1h").stdout == everything.stdout
-    latest = run_dtrain("logs")  # no job named: the latest
+    only = dtrain_in_process("logs", job, "--rank", "0,2", "--grep", "step [12]").stdout
+    assert sorted(only.splitlines()) == sorted(
+        f"[{r}] rank {r} step {i}" for r in (0, 2) for i in (1, 2)
+    )
+    assert dtrain_in_process("logs", job, "--role", "ps").stdout == ""
+    assert dtrain_in_process("logs", job, "--since", "1h").stdout == everything.stdout
+    latest = dtrain_in_process("logs")  # no job named: the latest
     assert latest.stdout == everything.stdout
 
 
@@ -129,14 +132,14 @@ def test_detach_then_stop_leaves_nothing(mark: str) -> None:
     assert result.returncode == 0, result.stderr
     job = result.stdout.strip()
     wait_for_pids(mark, 2 * 3)
-    listed = run_dtrain("jobs").stdout
+    listed = dtrain_in_process("jobs").stdout
     assert any(line.startswith(job) and " running " in line for line in listed.splitlines())
     stopped = run_dtrain("stop", job)
     assert stopped.returncode == 0, stopped.stderr
     assert wait_until_gone(mark) == []
     assert json.loads((JOBS / job / "status.json").read_text())["state"] == "stopped"
-    assert "[0] started" in run_dtrain("logs", job).stdout
-    again = run_dtrain("stop", job)
+    assert "[0] started" in dtrain_in_process("logs", job).stdout
+    again = dtrain_in_process("stop", job)  # (a refusal: nothing to signal)
     assert again.returncode == 2 and "is not running (stopped)" in again.stderr
 
 
@@ -186,7 +189,7 @@ def test_ranks_and_quiet_filter_the_terminal_not_the_job_directory(mark: str) ->
         "echo hi $RANK",
     )
     assert shown.stdout.splitlines() == ["[1] hi 1"]
-    kept = run_dtrain("logs", job_id_of(shown.stderr)).stdout.splitlines()
+    kept = dtrain_in_process("logs", job_id_of(shown.stderr)).stdout.splitlines()
     assert sorted(kept) == ["[0] hi 0", "[1] hi 1", "[2] hi 2"]
     quiet = run_dtrain(
         "run",
@@ -224,7 +227,7 @@ def test_prune_removes_finished_jobs(tmp_path: Path) -> None:
     env["DTRAIN_JOB_DIR"] = str(tmp_path)
     assert run_dtrain("run", "-np", "1", "true", env=env).returncode == 0
     assert len(list(tmp_path.iterdir())) == 1
-    pruned = run_dtrain("jobs", "--prune", env=env)
+    pruned = dtrain_in_process("jobs", "--prune", env=env)
     assert pruned.returncode == 0 and "removed 1 finished job(s)" in pruned.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -302,11 +305,11 @@ def test_stop_does_not_signal_a_process_that_reused_the_launchers_pid(tmp_path: 
                 }
             )
         )
-        result = run_dtrain("stop", "20261123", "--job-dir", str(tmp_path))
+        result = dtrain_in_process("stop", "20261123", "--job-dir", str(tmp_path))
         assert result.returncode == 2
         assert "job 20261123-000000-abcdef is not running (lost)" in result.stderr
         assert bystander.poll() is None  # untouched
-        listed = run_dtrain("jobs", "--job-dir", str(tmp_path))
+        listed = dtrain_in_process("jobs", "--job-dir", str(tmp_path))
         assert "lost" in listed.stdout
     finally:
         bystander.kill()
@@ -339,7 +342,7 @@ def test_stop_and_follow_without_naming_the_job(tmp_path: Path, mark: str) -> No
         "run", "--detach", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "300", env=env
     )
     other = second.stdout.strip()
-    several = run_dtrain("stop", env=env)
+    several = dtrain_in_process("stop", env=env)  # (a refusal: which one?)
     assert several.returncode == 2
     assert f"2 jobs are running: {job}, {other}" in several.stderr
     assert run_dtrain("stop", other, env=env).returncode == 0
@@ -350,7 +353,7 @@ def test_stop_and_follow_without_naming_the_job(tmp_path: Path, mark: str) -> No
         f"[0] tick {i}" for i in (1, 2, 3)
     ]
     assert followed.returncode == 143  # the followed job's exit code (stopped)
-    none = run_dtrain("stop", env=env)
+    none = dtrain_in_process("stop", env=env)
     assert none.returncode == 2 and "no job is running" in none.stderr
 
 
@@ -361,18 +364,19 @@ def test_jobs_lists_exit_codes_durations_and_filters(tmp_path: Path, mark: str) 
     live = run_dtrain("run", "--detach", "-x", f"DTRAIN_TEST_MARK={mark}", "sleep", "300", env=env)
     running = live.stdout.strip()
     try:
-        rows = [line.split() for line in run_dtrain("jobs", env=env).stdout.splitlines()]
+        rows = [line.split() for line in dtrain_in_process("jobs", env=env).stdout.splitlines()]
         assert rows[0][:4] == ["job", "state", "exit", "took"]
         failed, ok, now = rows[1:]
         assert failed[1:3] == ["failed", "3"] and failed[3] in ("1s", "2s")
         assert ok[1:3] == ["succeeded", "0"]
         assert now[:3] == [running, "running", "-"]
-        only = run_dtrain("jobs", "--running", env=env).stdout.splitlines()
+        only = dtrain_in_process("jobs", "--running", env=env).stdout.splitlines()
         assert [line.split()[0] for line in only[1:]] == [running]
-        last = run_dtrain("jobs", "-n", "2", env=env).stdout.splitlines()
+        last = dtrain_in_process("jobs", "-n", "2", env=env).stdout.splitlines()
         assert [line.split()[1] for line in last[1:]] == ["succeeded", "running"]
     finally:
-        assert run_dtrain("stop", running, env=env).returncode == 0
+        # (cleanup, not the subject: stop signals the job's launcher and waits for it)
+        assert dtrain_in_process("stop", running, env=env).returncode == 0
 
 
 def test_a_multi_line_command_is_one_row_of_the_jobs_table() -> None:

@@ -21,7 +21,7 @@ from launcher.core.specs import Site
 from launcher.run.attempt import Finished
 from launcher.run.job import run_job
 from launcher.run.survey import Survey
-from tests.conftest import child_env, py, run_dtrain, tagged
+from tests.conftest import child_env, dtrain_in_process, py, run_dtrain, tagged
 from tests.fakes import FakeClock, FakeTransport, RecordingFrontend, Script
 from tests.testhosts import TestHosts
 
@@ -35,7 +35,7 @@ def no_gpus() -> dict[str, str]:
 
 def dry_run_hosts(*args: str, env: dict[str, str] | None = None) -> list[str]:
     """The host of each rank of ``dtrain run --dry-run ARGS true``."""
-    result = run_dtrain("run", "--dry-run", "--json", *args, "true", env=env or no_gpus())
+    result = dtrain_in_process("run", "--dry-run", "--json", *args, "true", env=env or no_gpus())
     assert result.returncode == 0, result.stderr
     return [entry["host"] for entry in json.loads(result.stdout)]
 
@@ -50,7 +50,9 @@ def test_a_bare_hostfile_line_gets_the_hosts_cpus(tmp_path: Path) -> None:
     assert dry_run_hosts("-H", "localhost") == ["localhost"]
     assert dry_run_hosts("-H", "localhost:*") == ["localhost"] * cpus
     gpus = {**child_env(), "CUDA_VISIBLE_DEVICES": "3,5,7"}
-    result = run_dtrain("run", "--dry-run", "--json", "--hostfile", str(hostfile), "true", env=gpus)
+    result = dtrain_in_process(
+        "run", "--dry-run", "--json", "--hostfile", str(hostfile), "true", env=gpus
+    )
     assert [e["gpus"] for e in json.loads(result.stdout)] == [["3"], ["5"], ["7"]]
     hostfile.write_text("localhost\nlocalhost\nlocalhost\n")  # listed again: a slot a line
     assert dry_run_hosts("--hostfile", str(hostfile)) == ["localhost"] * 3
@@ -59,7 +61,7 @@ def test_a_bare_hostfile_line_gets_the_hosts_cpus(tmp_path: Path) -> None:
 def test_a_dry_run_says_that_another_hosts_slots_are_counted_there(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=2\nnode7\n")
-    result = run_dtrain(
+    result = dtrain_in_process(
         "run", "--dry-run", "--json", "--hostfile", str(hostfile), "-np", "4", "true",
         env=no_gpus(),
     )  # fmt: skip
@@ -76,7 +78,7 @@ def test_a_dry_run_says_that_another_hosts_slots_are_counted_there(tmp_path: Pat
 def test_hosts_command_shows_slots_counted_on_the_host(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost\nnode7\nnode8:2\n")
-    shown = run_dtrain("hosts", "--hostfile", str(hostfile), env=no_gpus())
+    shown = dtrain_in_process("hosts", "--hostfile", str(hostfile), env=no_gpus())
     assert shown.returncode == 0, shown.stderr
     cpus = len(os.sched_getaffinity(0))
     assert shown.stdout.splitlines() == [
@@ -87,7 +89,7 @@ def test_hosts_command_shows_slots_counted_on_the_host(tmp_path: Path) -> None:
         f"3 hosts, {cpus + 2} slots on 2; * counted when a job starts there (its GPUs, "
         "else its CPUs)",
     ]
-    as_json = json.loads(run_dtrain("hosts", "-H", "a:*,b", "--json").stdout)
+    as_json = json.loads(dtrain_in_process("hosts", "-H", "a:*,b", "--json").stdout)
     assert [(h["host"], h["slots"]) for h in as_json] == [("a", None), ("b", 1)]
 
 
@@ -95,7 +97,7 @@ def test_np_with_ppr_places_at_most_k_a_host() -> None:
     """``-np 2 --map-by ppr:1:node``: the user typed neither -np twice nor --nproc-per-node."""
     assert dry_run_hosts("-np", "2", "--map-by", "ppr:1:node", "-H", "a:2,b:2") == ["a", "b"]
     assert dry_run_hosts("-np", "3", "--map-by", "ppr:2:node", "-H", "a,b") == ["a", "a", "b"]
-    refused = run_dtrain(
+    refused = dtrain_in_process(
         "run", "--dry-run", "-np", "3", "--map-by", "ppr:1:node", "-H", "a,b", "true"
     )
     assert refused.returncode == 2
@@ -143,7 +145,7 @@ def mpirun_count(args: list[str], cwd: Path) -> int | str:
 
 
 def dtrain_count(args: list[str], cwd: Path) -> int | str:
-    done = run_dtrain("run", "--dry-run", "--json", *args, "true", env=no_gpus(), cwd=cwd)
+    done = dtrain_in_process("run", "--dry-run", "--json", *args, "true", env=no_gpus(), cwd=cwd)
     return len(json.loads(done.stdout)) if done.returncode == 0 else "refused"
 
 

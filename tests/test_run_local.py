@@ -17,6 +17,7 @@ from tests.conftest import (
     JOBS,
     REPO,
     child_env,
+    dtrain_in_process,
     marked_pids,
     py,
     run_dtrain,
@@ -95,10 +96,12 @@ def test_rank_killed_by_a_signal_exits_128_plus_signal(mark: str) -> None:
     )
 
 
-def test_rank_ignoring_sigterm_is_killed_after_the_grace_period(mark: str) -> None:
+def test_rank_ignoring_sigterm_is_killed_after_the_grace_period(mark: str, tmp_path: Path) -> None:
+    # Rank 0 fails once rank 1 ignores SIGTERM (it says so by a file, not a fixed wait).
+    ready = tmp_path / "ready"
     script = (
-        "if [ $RANK = 0 ]; then sleep 1; exit 1; fi; trap '' TERM; echo ready; "
-        "while :; do sleep 0.1; done"
+        f"if [ $RANK = 0 ]; then while [ ! -e {ready} ]; do sleep 0.02; done; exit 1; fi; "
+        f"trap '' TERM; touch {ready}; echo ready; while :; do sleep 0.1; done"
     )
     result = run_dtrain(
         "run",
@@ -479,7 +482,9 @@ def test_python_options_and_scripts_that_run_as_they_are(tmp_path: Path, mark: s
     missing = run_dtrain("run", "nothere.py", cwd=tmp_path)
     assert missing.returncode == 2
     assert f"script nothere.py not found in {tmp_path}" in missing.stderr
-    plan = json.loads(run_dtrain("run", "--dry-run", "--json", "train.py", cwd=tmp_path).stdout)
+    plan = json.loads(
+        dtrain_in_process("run", "--dry-run", "--json", "train.py", cwd=tmp_path).stdout
+    )
     assert plan[0]["argv"] == [sys.executable, "train.py"]
     both = run_dtrain("run", "--python", "x", "--no-python", "train.py", cwd=tmp_path)
     assert both.returncode == 2 and "--python and --no-python both given" in both.stderr
@@ -517,5 +522,5 @@ def test_progress_bars_are_thinned_when_piped(mark: str) -> None:
     assert lines[-1] == "training done" and lines[0] == "training 0%"
     assert 2 <= len(lines) <= 5  # about 2 s of states: one a second, not 200
     job = result.stderr.split("dtrain: job ", 1)[1].split()[0]
-    logged = run_dtrain("logs", job).stdout.splitlines()
+    logged = dtrain_in_process("logs", job).stdout.splitlines()
     assert logged == ["[0] training done"]  # the job directory keeps the final state only

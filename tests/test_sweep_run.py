@@ -22,6 +22,7 @@ from tests.conftest import (
     JOBS,
     REPO,
     child_env,
+    dtrain_in_process,
     marked_pids,
     run_dtrain,
     start_dtrain,
@@ -94,9 +95,9 @@ def test_four_trials_on_two_slots_queue_and_one_fails(mark: str) -> None:
     assert next(i for i, ln in enumerate(lines) if "trial 2 running" in ln) > first_done
     # Each trial is a dtrain job of its own: listed, with its logs.
     sweep_id = table["sweep"]
-    listed = run_dtrain("jobs").stdout
+    listed = dtrain_in_process("jobs").stdout
     assert all(f"{sweep_id}-t{i}" in listed for i in range(4))
-    logs = run_dtrain("logs", f"{sweep_id}-t2")
+    logs = dtrain_in_process("logs", f"{sweep_id}-t2")
     assert "[0]<stderr> no good" in logs.stdout
     record = sweep_record(sweep_id)
     assert record["state"] == "finished"
@@ -144,12 +145,14 @@ def test_trials_get_one_thread_each_unless_told(mark: str) -> None:
     show = ["sh", "-c", "echo metric: omp=${OMP_NUM_THREADS:-unset}"]
     args = ["sweep", "--json", "--plain", "--grid", "x=1,2", "-H", "localhost:2"]
     mine = ["-x", f"DTRAIN_TEST_MARK={mark}"]
-    default = run_dtrain(*args, *mine, *show)
-    told = run_dtrain(*args, *mine, "-x", "OMP_NUM_THREADS=3", *show)
-    inherited = run_dtrain(*args, *mine, *show, env={**child_env(), "OMP_NUM_THREADS": "2"})
-    for result, expected in ((default, 1.0), (told, 3.0), (inherited, 2.0)):
-        assert result.returncode == 0, result.stderr
-        assert [t["metrics"]["omp"] for t in json.loads(result.stdout)["trials"]] == [expected] * 2
+    # The three sweeps side by side (each waits mostly on its trials' processes starting).
+    default = start_dtrain(*args, *mine, *show)
+    told = start_dtrain(*args, *mine, "-x", "OMP_NUM_THREADS=3", *show)
+    inherited = start_dtrain(*args, *mine, *show, env={**child_env(), "OMP_NUM_THREADS": "2"})
+    for proc, expected in ((default, 1.0), (told, 3.0), (inherited, 2.0)):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert [t["metrics"]["omp"] for t in json.loads(out)["trials"]] == [expected] * 2
 
 
 def test_max_parallel_caps_the_trials_at_once(mark: str) -> None:
@@ -292,7 +295,7 @@ def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: s
         "pending",
     ]
     go.touch()
-    forgot = run_dtrain("sweep", "--resume", sweep_id[:18], "--json")  # -x values: not kept
+    forgot = dtrain_in_process("sweep", "--resume", sweep_id[:18], "--json")  # -x: not kept
     assert forgot.returncode == 2
     assert "give them again: -x DTRAIN_TEST_MARK=..." in forgot.stderr
     result = run_dtrain(
@@ -344,7 +347,7 @@ def test_resume_runs_only_the_trials_that_did_not_finish(tmp_path: Path, mark: s
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
-    result = run_dtrain("sweep", *args)
+    result = dtrain_in_process("sweep", *args)
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     lines = result.stderr.splitlines()
@@ -353,7 +356,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
 
 def test_a_parameter_not_in_the_command_is_a_note() -> None:
     """A program may read $DTRAIN_PARAM_<NAME>; a forgotten placeholder is said, not refused."""
-    result = run_dtrain("sweep", "--dry-run", "--grid", "a=1,2 b=3", "t.py", "{a}")
+    result = dtrain_in_process("sweep", "--dry-run", "--grid", "a=1,2 b=3", "t.py", "{a}")
     assert result.returncode == 0, result.stderr
     assert result.stderr == (
         "dtrain: note: COMMAND has no {b}: the trials see b only as $DTRAIN_PARAM_B\n"
@@ -362,15 +365,15 @@ def test_a_parameter_not_in_the_command_is_a_note() -> None:
 
 def test_a_chosen_seed_is_said_and_draws_the_same_trials_again() -> None:
     args = ["sweep", "--dry-run", "--json", "--random", "3", "--param", "lr=uniform(0,1)"]
-    first = run_dtrain(*args, "t.py", "{lr}")
+    first = dtrain_in_process(*args, "t.py", "{lr}")
     assert first.returncode == 0, first.stderr
     seed = first.stderr.split("drawn with --seed ", 1)[1].split()[0]
-    again = run_dtrain(*args, "--seed", seed, "t.py", "{lr}")
+    again = dtrain_in_process(*args, "--seed", seed, "t.py", "{lr}")
     assert again.stderr == "" and json.loads(again.stdout) == json.loads(first.stdout)
 
 
 def test_dry_run_lists_the_trials() -> None:
-    result = run_dtrain(
+    result = dtrain_in_process(
         "sweep", "--dry-run", "--json", "--random", "3", "--seed", "5",
         "--param", "lr=loguniform(1e-4,1e-1)", "--grid", "b=1,2", "t.py", "--lr", "{lr}", "{b}",
     )  # fmt: skip
@@ -381,7 +384,7 @@ def test_dry_run_lists_the_trials() -> None:
     assert all(
         t["command"] == ["t.py", "--lr", t["params"]["lr"], t["params"]["b"]] for t in trials
     )
-    again = run_dtrain(
+    again = dtrain_in_process(
         "sweep", "--dry-run", "--json", "--random", "3", "--seed", "5",
         "--param", "lr=loguniform(1e-4,1e-1)", "--grid", "b=1,2", "t.py", "--lr", "{lr}", "{b}",
     )  # fmt: skip
