@@ -5,36 +5,42 @@ failed attempt runs, leftovers that ignore SIGTERM included."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from launcher.core.command import LaunchSpec
 from launcher.core.config import JobConfig, PlacementConfig
 from launcher.core.hosts import Host
 from launcher.core.outcome import JobResult, RankReport
 from launcher.core.plan import Plan, Rank
 from launcher.core.policy import RestartAfter
 from launcher.run.attempt import SURVEY_POLL_S, Finished
-from launcher.run.discovery import watch_discovery
+from launcher.run.discovery import DISCOVERY_POLL_S, watch_discovery
 from launcher.run.job import run_job
 from launcher.run.restarts import restart_notice
 from tests.conftest import (
     JOBS,
     REPO,
     child_env,
+    dtrain_in_process,
     run_dtrain,
     start_dtrain,
     wait_for_pids,
     wait_until_gone,
 )
-from tests.fakes import FakeClock, FakeTransport, RecordingFrontend
+from tests.fakes import FakeClock, FakeProcess, FakeTransport, RecordingFrontend
 from tests.test_job import local_survey
 from tests.testhosts import TestHosts
 
@@ -42,6 +48,8 @@ pytestmark = pytest.mark.timeout(240)
 
 # Looks for earlier attempts' processes, then (in attempt 0) leaves a child that ignores
 # SIGTERM behind and fails as FAIL says: "exit" (code 3) or "kill" (SIGKILL) on rank 1.
+# An attempt that fails, and the first, run RUN_S (its other ranks still run when rank 1
+# fails or a host is lost); a later attempt that succeeds ends after 0.2 s.
 RANK = r"""
 import os, signal, subprocess, sys, time
 attempt, rank = int(os.environ["DTRAIN_RESTART_COUNT"]), os.environ["RANK"]
@@ -57,13 +65,14 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         earlier += 1
 print(f"attempt {attempt} rank {rank} of {os.environ['WORLD_SIZE']} on "
       f"{os.uname().nodename}: earlier processes alive {earlier}", flush=True)
-if attempt < int(os.environ.get("FAIL_ATTEMPTS", "1")) and rank == "1":
+failing = attempt < int(os.environ.get("FAIL_ATTEMPTS", "1"))
+if failing and rank == "1":
     subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"])
     time.sleep(0.5)
     if os.environ["FAIL"] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(3)
-time.sleep(float(os.environ.get("RUN_S", "1")))
+time.sleep(float(os.environ.get("RUN_S", "1")) if failing or attempt == 0 else 0.2)
 """
 
 
@@ -87,7 +96,7 @@ def rank_args(mark: str, fail: str = "exit", attempts: int = 1) -> list[str]:
 @pytest.mark.parametrize(("fail", "code"), [("exit", "exit code 3"), ("kill", "killed by SIGKILL")])
 def test_a_failed_rank_restarts_the_whole_job(mark: str, fail: str, code: str) -> None:
     result = run_dtrain(
-        "run", "-np", "3", "--max-restarts", "2", "--restart-delay", "0", "--grace", "1",
+        "run", "-np", "3", "--max-restarts", "2", "--restart-delay", "0", "--grace", "0.5",
         *rank_args(mark, fail),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -101,11 +110,26 @@ def test_a_failed_rank_restarts_the_whole_job(mark: str, fail: str, code: str) -
     assert wait_until_gone(mark) == []
 
 
-def test_the_budget_spent_ends_with_the_last_attempts_code(mark: str) -> None:
+SpentBudget = tuple[subprocess.CompletedProcess[str], str]
+
+
+@pytest.fixture(scope="module")
+def spent_budget() -> Iterator[SpentBudget]:
+    """A job whose every attempt fails, until its --max-restarts 2 are spent, and the mark of
+    its processes: run once for the tests that read it (its exit, its records, its logs)."""
+    mark = uuid.uuid4().hex
     result = run_dtrain(
         "run", "-np", "2", "--max-restarts", "2", "--restart-delay", "0.1", "--grace", "0.5",
         *rank_args(mark, attempts=99),
     )  # fmt: skip
+    yield result, mark
+    for pid in wait_until_gone(mark):  # (each test says so: none is left)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_budget_spent_ends_with_the_last_attempts_code(spent_budget: SpentBudget) -> None:
+    result, mark = spent_budget
     assert result.returncode == 3, result.stderr
     assert [a for a, *_ in attempts_seen(result.stdout) if _[0] == "1"] == [0, 1, 2]
     assert "restart 1 of 2" in result.stderr and "restart 2 of 2" in result.stderr
@@ -115,23 +139,30 @@ def test_the_budget_spent_ends_with_the_last_attempts_code(mark: str) -> None:
 
 
 def test_backoff_between_attempts_without_a_delay(mark: str) -> None:
-    result = run_dtrain("run", "-np", "2", "--max-restarts", "1", *rank_args(mark))
+    result = run_dtrain(
+        "run", "-np", "2", "--max-restarts", "1", "--grace", "0.5", *rank_args(mark)
+    )  # (--grace: the leftover that ignores SIGTERM is killed sooner; no --restart-delay)
     assert result.returncode == 0, result.stderr
     assert "restart 1 of 1 in 1 s" in result.stderr  # the first step of the backoff
 
 
 class WaitLog(FakeClock):
     """The job's fake clock, keeping every wait longer than a restart's survey poll: the
-    waits between attempts (the survey's short polls for a signal are not kept)."""
+    waits between attempts (the survey's short polls for a signal are not kept).  Those
+    wait for a signal to dtrain, which nothing sends here: time jumps at once, without
+    the real moment a fake clock gives other threads to post what they have."""
 
     def __init__(self) -> None:
         super().__init__()
         self.waits: list[float] = []
 
     def wait(self, event: threading.Event, timeout: float | None) -> bool:
-        if timeout is not None and timeout > SURVEY_POLL_S:
-            self.waits.append(timeout)
-        return super().wait(event, timeout)
+        if timeout is None or timeout <= SURVEY_POLL_S:
+            return super().wait(event, timeout)
+        self.waits.append(timeout)
+        if not event.is_set():
+            self.time += timeout
+        return event.is_set()
 
 
 @pytest.mark.parametrize(
@@ -264,8 +295,9 @@ def test_ctrl_c_never_restarts(mark: str) -> None:
 
 def test_ctrl_c_while_waiting_to_restart_ends_the_job(mark: str) -> None:
     proc = start_dtrain(
-        "run", "-np", "2", "--max-restarts", "3", "--restart-delay", "30", *rank_args(mark)
-    )
+        "run", "-np", "2", "--max-restarts", "3", "--restart-delay", "30", "--grace", "0.5",
+        *rank_args(mark),
+    )  # fmt: skip
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
     while "restart 1 of 3" not in (line := proc.stderr.readline()):
@@ -299,11 +331,22 @@ def test_the_checkpoint_example_resumes_with_the_same_accuracy(tmp_path: Path) -
     pytest.importorskip("sklearn")
     example = str(REPO / "examples" / "torch_ddp_checkpoint.py")
     common = ["run", "-np", "2", "--max-restarts", "2", "--restart-delay", "0"]
-    clean = run_dtrain(*common, "--checkpoint-dir", str(tmp_path / "a"), example, timeout=200)
-    crashed = run_dtrain(
-        *common, "--checkpoint-dir", str(tmp_path / "b"), example, "--crash-at-step", "70",
-        timeout=200,
-    )  # fmt: skip
+    started = [  # side by side: one job's waits (its ranks' start, the restart) overlap the other's
+        start_dtrain(*common, "--checkpoint-dir", str(tmp_path / "a"), example),
+        start_dtrain(
+            *common, "--checkpoint-dir", str(tmp_path / "b"), example, "--crash-at-step", "70"
+        ),
+    ]
+    try:
+        outputs = [proc.communicate(timeout=200) for proc in started]
+        clean, crashed = (
+            subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+            for proc, (out, err) in zip(started, outputs, strict=True)
+        )
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.communicate()
     assert clean.returncode == 0, clean.stderr[-2000:]
     assert crashed.returncode == 0, crashed.stderr[-2000:]
     assert "attempt 1: resuming from step 60 (step-000060.pt)" in crashed.stdout
@@ -334,8 +377,8 @@ def test_a_lost_host_is_left_out(ssh_hosts: TestHosts, mark: str, min_np: str | 
     env = {**child_env(), "RUN_S": "60"}
     proc = start_dtrain(
         "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2,node3", "-np", "3",
-        "--max-restarts", "1", "--restart-delay", "0", "--host-timeout", "5", *elastic,
-        *rank_args(mark, attempts=0), env={**env, "RUN_S": "8"},
+        "--max-restarts", "1", "--restart-delay", "0", "--host-timeout", "5", "--grace", "1",
+        *elastic, *rank_args(mark, attempts=0), env={**env, "RUN_S": "8"},
     )  # fmt: skip
     try:
         wait_for_pids(mark, 3)
@@ -362,8 +405,8 @@ def test_a_failed_ps_task_restarts_the_parameter_server_job(tmp_path: Path, mark
         "print(role, 'attempt', attempt, flush=True)\n"
         "if role == 'ps' and attempt == '0':\n"
         "    time.sleep(0.5); sys.exit(1)\n"
-        "if role == 'chief':\n"
-        "    time.sleep(3); sys.exit(0)\n"
+        "if role == 'chief':  # (in attempt 0, running still when the ps task fails)\n"
+        "    time.sleep(3 if attempt == '0' else 0.5); sys.exit(0)\n"
         "time.sleep(60)\n"
     )
     result = run_dtrain(
@@ -390,12 +433,10 @@ def test_a_remote_rank_restarts_once_its_leftovers_are_gone(
     assert "rank 1 on node2: killed by SIGKILL" in result.stderr
 
 
-def test_each_attempt_is_recorded_and_its_logs_selectable(mark: str) -> None:
-    result = run_dtrain(
-        "run", "-np", "2", "--max-restarts", "2", "--restart-delay", "0", "--grace", "0.5",
-        *rank_args(mark, attempts=99),
-    )  # fmt: skip
+def test_each_attempt_is_recorded_and_its_logs_selectable(spent_budget: SpentBudget) -> None:
+    result, mark = spent_budget
     assert result.returncode == 3
+    assert wait_until_gone(mark) == []
     job = result.stderr.split("dtrain: job ", 1)[1].split()[0]
     status = json.loads((JOBS / job / "status.json").read_text())
     assert (status["state"], status["exit_code"]) == ("failed", 3)  # not "restarting"
@@ -404,9 +445,9 @@ def test_each_attempt_is_recorded_and_its_logs_selectable(mark: str) -> None:
         (0, 3, 1), (1, 3, 1), (2, 3, 1),
     ]  # fmt: skip
     for number in range(3):
-        logs = run_dtrain("logs", job, "--attempt", str(number))
+        logs = dtrain_in_process("logs", job, "--attempt", str(number))
         assert [a for a, *_ in attempts_seen(logs.stdout)] == [number, number], logs.stdout
-    missing = run_dtrain("logs", job, "--attempt", "3")
+    missing = dtrain_in_process("logs", job, "--attempt", "3")
     assert missing.returncode == 2 and "has attempts 0 to 2" in missing.stderr
 
 
@@ -484,7 +525,7 @@ def test_a_host_unreachable_at_the_restart_is_left_out(ssh_hosts: TestHosts, mar
 
 def test_logs_of_a_detached_job_tell_its_attempts(mark: str) -> None:
     started = run_dtrain(
-        "run", "--detach", "-np", "2", "--max-restarts", "1", "--restart-delay", "0.5",
+        "run", "--detach", "-np", "2", "--max-restarts", "1", "--restart-delay", "0",
         "--grace", "0.5", *rank_args(mark),
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
@@ -534,34 +575,60 @@ def test_more_slots_from_the_discovery_script_grow_a_running_job(tmp_path: Path,
     assert wait_until_gone(mark) == []
 
 
-def test_a_discovery_script_change_restarts_without_max_restarts(tmp_path: Path, mark: str) -> None:
+class HostsChangeWhileRunning(FakeTransport):
+    """Attempt 0's ranks run until stopped, and once all ``ranks`` of them started the hosts
+    file says ``then``; the ranks of later attempts end at once, with success."""
+
+    def __init__(self, clock: FakeClock, hosts: Path, then: str, ranks: int) -> None:
+        super().__init__({}, clock)
+        self.hosts, self.then, self.ranks = hosts, then, ranks
+
+    def start(self, spec: LaunchSpec) -> FakeProcess:
+        first = spec.env["DTRAIN_RESTART_COUNT"] == "0"
+        self.scripts = {spec.rank: ({}, None if first else 0, False)}
+        process = super().start(spec)
+        if first and len(self.history) == self.ranks:
+            self.hosts.write_text(self.then)  # a slot less while the job runs
+        return process
+
+
+def test_a_discovery_script_change_restarts_without_max_restarts(tmp_path: Path) -> None:
     """A host change is not counted as a restart: it starts the job again even with
-    --max-restarts 0 (before, the attempt was stopped and dtrain exited 1 without a word)."""
+    --max-restarts 0 (before, the attempt was stopped and dtrain exited 1 without a word).
+    On the job's clock and a fake transport: the script's polls, every few seconds, take no
+    time (the real path: test_more_slots_from_the_discovery_script_grow_a_running_job)."""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:2\n")
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
-    program = (
-        "import os, time\n"
-        "attempt = os.environ['DTRAIN_RESTART_COUNT']\n"
-        "print('attempt', attempt, 'of', os.environ['WORLD_SIZE'], flush=True)\n"
-        "time.sleep(60 if attempt == '0' else 0.5)\n"
+    config = JobConfig(
+        command=("true",),
+        placement=PlacementConfig(host_discovery_script=str(script)),
+        job_dir=str(tmp_path / "jobs"),
+        grace_s=1,
     )
-    proc = start_dtrain(
-        "run", "--host-discovery-script", str(script), "--grace", "1",
-        "-x", f"DTRAIN_TEST_MARK={mark}", sys.executable, "-c", program,
+    assert config.max_restarts == 0
+    clock = FakeClock()
+    transport = HostsChangeWhileRunning(clock, hosts, "localhost:1\n", ranks=2)
+    frontend = RecordingFrontend()
+    began = clock.now()
+    outcome = run_job(
+        config, {"PATH": "/usr/bin"}, frontend, survey=local_survey,
+        transports=lambda survey, config, environ: transport, clock=clock,
     )  # fmt: skip
-    assert proc.stdout is not None
-    assert [proc.stdout.readline().split("] ", 1)[1].strip() for _ in range(2)] == [
-        "attempt 0 of 2"
-    ] * 2
-    hosts.write_text("localhost:1\n")  # a slot less while the job runs
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    assert "gives fewer slots on localhost (1 for 2 ranks): starting again on its hosts" in err
-    assert [line.split("] ", 1)[1] for line in out.splitlines()] == ["attempt 1 of 1"]
-    assert wait_until_gone(mark) == []
+    assert isinstance(outcome, Finished) and outcome.result.exit_code == 0, frontend.notices
+    assert clock.now() - began >= DISCOVERY_POLL_S  # the script's poll, on the job's clock
+    assert (
+        "dtrain: the --host-discovery-script gives fewer slots on localhost (1 for 2 ranks): "
+        "starting again on its hosts (not counted as a restart)"
+    ) in frontend.notices
+    runs = [
+        (p.spec.env["DTRAIN_RESTART_COUNT"], p.spec.env["WORLD_SIZE"]) for p in transport.history
+    ]
+    assert runs == [("0", "2"), ("0", "2"), ("1", "1")]  # attempt 1 of 1, once
+    assert [p.signals for p in transport.history[:2]] == [[signal.SIGTERM]] * 2  # stopped...
+    assert all(p.exited.is_set() for p in transport.history)  # ...and none left running
 
 
 def test_a_failed_chief_restarts_the_parameter_server_job(tmp_path: Path, mark: str) -> None:
@@ -595,7 +662,7 @@ def test_a_discovery_script_removes_a_host_and_adds_it_back(
     script.chmod(0o755)
     # attempts 0 and 1 run until the hosts change; attempt 2 ends by itself
     program = RANK.replace(
-        'time.sleep(float(os.environ.get("RUN_S", "1")))',
+        'time.sleep(float(os.environ.get("RUN_S", "1")) if failing or attempt == 0 else 0.2)',
         "time.sleep(60 if attempt < 2 else 0.5)",
     )
     proc = start_dtrain(
@@ -705,7 +772,7 @@ def test_a_host_whose_ranks_all_died_is_left_out_at_once(ssh_hosts: TestHosts, m
         "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # each dies by its own SIGKILL\n"
         "    time.sleep(1)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "time.sleep(2)\n"
+        "time.sleep(2 if attempt == '0' else 0.2)\n"
     )
     result = run_dtrain(
         "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1:2,node2:2", "-np", "4",

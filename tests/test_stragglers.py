@@ -24,7 +24,7 @@ from launcher.core.hosts import Host
 from launcher.run.stragglers import STRAGGLERS_LOG, ProgressWatch
 from launcher.streams.jobdir import JobDir
 from launcher.view.topview import rows_between, top_table
-from tests.conftest import JOBS, run_dtrain, start_dtrain, wait_until_gone
+from tests.conftest import JOBS, dtrain_in_process, run_dtrain, start_dtrain, wait_until_gone
 from tests.fakes import FakeClock
 from tests.testhosts import BRIDGE_ADDRESS, TestHosts
 
@@ -259,7 +259,7 @@ def test_a_bad_option_is_one_line_and_starts_nothing(
     args: list[str], error: str, tmp_path: Path
 ) -> None:
     witness = tmp_path / "ran"
-    result = run_dtrain("run", "-np", "1", *args, "touch", str(witness))
+    result = dtrain_in_process("run", "-np", "1", *args, "touch", str(witness))
     assert (result.returncode, result.stderr) == (2, error + "\n")
     assert not witness.exists()
 
