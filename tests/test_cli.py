@@ -296,3 +296,25 @@ def test_shell_completion_comes_from_click() -> None:
         env={**child_env(), "_DTRAIN_COMPLETE": "bash_source"},
     )
     assert "_dtrain_completion()" in source.stdout
+
+
+def test_a_run_refused_in_process_leaves_no_agent_running() -> None:
+    """The CLI's ``main`` called in process (the tests, a caller that goes on): a local run
+    refused after its agent was started early closes that agent, instead of leaving it
+    running until the caller exits."""
+
+    def children() -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                found.append(int(entry))
+        return found
+
+    before = children()
+    result = dtrain_in_process("run", "-np", "1", "no-such-program-xyz")
+    assert result.returncode == 2 and "'no-such-program-xyz' not found" in result.stderr
+    assert children() == before

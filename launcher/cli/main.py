@@ -218,6 +218,9 @@ def start_job(config: JobConfig) -> int:
         return start_loaded_job(config)
     finally:
         gc.unfreeze()  # (loading_for_good's, on every way out: no job's end gave it back)
+        from launcher.run.early import close_early_agents
+
+        close_early_agents()
 
 
 def start_loaded_job(config: JobConfig) -> int:

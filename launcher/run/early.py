@@ -45,3 +45,14 @@ def start_agent_early(config: JobConfig, environ: dict[str, str]) -> JobConfig:
     job_id = config.job_id or new_job_id()
     localagent.start_early({**environ, **extra, "DTRAIN_JOB_ID": job_id})
     return replace(config, job_id=job_id)
+
+
+def close_early_agents() -> None:
+    """Close the agents started early that no transport took (the job was refused before
+    its ranks started): at once, not when dtrain exits, for a caller that goes on in this
+    process (``main`` called in process kept one running per refused job)."""
+    import sys
+
+    localagent = sys.modules.get("launcher.transport.localagent")
+    while localagent is not None and localagent.EARLY:
+        localagent.EARLY.pop().close()
