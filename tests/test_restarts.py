@@ -374,11 +374,11 @@ def test_a_lost_host_is_left_out(ssh_hosts: TestHosts, mark: str, min_np: str | 
     from tests.test_failures import kill_host
 
     elastic = ["--min-np", min_np] if min_np else []
-    env = {**child_env(), "RUN_S": "60"}
+    # (RUN_S by -x: a remote rank gets dtrain's variables and -x's, not dtrain's environment)
     proc = start_dtrain(
         "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2,node3", "-np", "3",
         "--max-restarts", "1", "--restart-delay", "0", "--host-timeout", "5", "--grace", "1",
-        *elastic, *rank_args(mark, attempts=0), env={**env, "RUN_S": "8"},
+        *elastic, "-x", "RUN_S=8", *rank_args(mark, attempts=0),
     )  # fmt: skip
     try:
         wait_for_pids(mark, 3)
@@ -734,8 +734,7 @@ def test_a_partitioned_host_is_left_out(ssh_hosts: TestHosts, mark: str) -> None
     proc = start_dtrain(
         "run", "--ssh-config", str(ssh_hosts.ssh_config), "-H", "node1,node2,node3", "-np", "3",
         "--min-np", "2", "--max-restarts", "1", "--restart-delay", "0", "--host-timeout", "5",
-        "--grace", "1", *rank_args(mark, attempts=0),
-        env={**child_env(), "RUN_S": "20"},
+        "--grace", "1", "-x", "RUN_S=20", *rank_args(mark, attempts=0),
     )  # fmt: skip
     try:
         wait_for_pids(mark, 3)
