@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import JOBS, REPO, run_dtrain, wait_until_gone
+from tests.test_ps import without_keras_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -46,7 +47,8 @@ def test_the_tf_ps_example_learns_keeps_its_checkpoints_per_job_and_resumes(
     ps = ["ps", "--workers", "2", "--ps", "1", "-x", f"DTRAIN_TEST_MARK={mark}"]
     example = ["python", "examples/tf_ps_train.py"]
     # asynchronous: 4 epochs ended at 0.898-0.93, too close to the bound
-    first = run_dtrain(*ps, *example, "--epochs", "6", cwd=tmp_path, timeout=280)
+    env = without_keras_env()  # (no Keras here: the --builtin-servers start sooner)
+    first = run_dtrain(*ps, *example, "--epochs", "6", cwd=tmp_path, timeout=280, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     folder = JOBS / first.stderr.split("dtrain: job ", 1)[1].split()[0] / "checkpoints"
     saved = re.findall(r"epoch (\d)/6: mean loss [\d.]+, saved (\S+)", first.stdout)
@@ -58,7 +60,7 @@ def test_the_tf_ps_example_learns_keeps_its_checkpoints_per_job_and_resumes(
     assert not (tmp_path / "checkpoints").exists()  # nothing kept in the working directory
     again = run_dtrain(
         *ps, "--builtin-servers", *example, "--epochs", "7", "--checkpoint-dir", str(folder),
-        cwd=tmp_path, timeout=280,
+        cwd=tmp_path, timeout=280, env=env,
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and "at epoch 6" in again.stdout, again.stdout

@@ -3,8 +3,11 @@ SSH test hosts) trains as the same model does in one process."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -62,12 +65,41 @@ def accuracy(output: str) -> float:
     return float(found[0])
 
 
+def run_example_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python EXAMPLE ARGS`` run in this interpreter, which has torch loaded already
+    (``load_example``): the example's own text as ``__main__`` (its arguments, its checks, its
+    ``sys.exit``), with one intra-op thread as ``one_thread_env`` gives a process; its output
+    is what that process prints, to the last digit (a torch process to start and end costs
+    about 7 s of CPU, the training itself 2). The thread count and torch's random state are
+    this process's again afterwards."""
+    import torch
+
+    load_example()  # torch, and the examples' folder on sys.path for its devices.py
+    out, err = io.StringIO(), io.StringIO()
+    argv, threads, code = sys.argv, torch.get_num_threads(), 0
+    sys.argv = [str(EXAMPLE), *args]
+    torch.set_num_threads(1)
+    try:
+        with (
+            torch.random.fork_rng(devices=[]),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            runpy.run_path(str(EXAMPLE), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        sys.argv = argv
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess([str(EXAMPLE), *args], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="module")
 def reference() -> dict[str, str]:
     """The one-process runs: the same micro-batches accumulated, and whole batches."""
     runs = {
-        "micro": run_example("--single"),
-        "whole": run_example("--single", "--micro-batches", "1"),
+        "micro": run_example_here("--single"),
+        "whole": run_example_here("--single", "--micro-batches", "1"),
     }
     for run in runs.values():
         assert run.returncode == 0, run.stderr[-2000:]
