@@ -328,9 +328,14 @@ def test_ps_output_is_tagged_by_role_and_task(mark: str, tmp_path: Path) -> None
 def test_a_worker_that_fails_for_good_is_told(mark: str, tmp_path: Path) -> None:
     """A worker failing once its --restart-workers budget is spent: the chief goes on, and
     the terminal says so (before: not a word, and the job "succeeded")."""
+    # the chief ends once status.json has the worker's second failure (dtrain told it
+    # when it took that in, before the chief's end), or after 10 s
+    failed_twice = f'grep -qs \'"status": 9.*"restarts": 1\' {JOBS}/$DTRAIN_JOB_ID/status.json'
     script = (
         "echo $ROLE_NAME count=$DTRAIN_RESTART_COUNT; "
-        "case $ROLE_NAME in ps) sleep 60;; chief) sleep 3;; worker) exit 9;; esac"
+        "case $ROLE_NAME in ps) sleep 60;; "
+        f"chief) i=0; until {failed_twice} || [ $i = 200 ]; do sleep 0.05; i=$((i+1)); done;; "
+        "worker) exit 9;; esac"
     )
     result = run_dtrain(
         "ps", "--workers", "1", "--ps", "1", "--restart-workers", "1", "--grace", "1",
