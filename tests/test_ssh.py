@@ -599,10 +599,14 @@ def test_a_watchdog_killed_alone_fails_its_rank_and_leaves_nothing(
 
 @pytest.fixture
 def chatty_login_shell(ssh_hosts: TestHosts) -> Iterator[None]:
-    """The test hosts' user's ~/.bashrc prints a banner, as many clusters' do (restored after)."""
+    """The test hosts' user's ~/.bashrc prints a banner, as many clusters' do (restored after);
+    on this lane's hosts only (the ssh session's server address is in its subnet): the other
+    pytest-xdist workers' hosts, in other lanes, read the same ~/.bashrc meanwhile."""
     rc = Path(pwd.getpwuid(os.geteuid()).pw_dir) / ".bashrc"
     saved = rc.read_bytes() if rc.exists() else None
-    rc.write_bytes(b'echo "Welcome to $(hostname)! Your quota is fine."\n' + (saved or b""))
+    welcome = 'echo "Welcome to $(hostname)! Your quota is fine."'
+    banner = f'case "$SSH_CONNECTION" in *" {SUBNET}."*) {welcome};; esac\n'
+    rc.write_bytes(banner.encode() + (saved or b""))
     try:
         yield
     finally:
