@@ -229,6 +229,18 @@ def test_unreachable_host_fails_within_the_timeout(ssh_hosts: TestHosts) -> None
     ]
 
 
+def test_a_host_with_no_route_is_unreachable_not_refused(ssh_hosts: TestHosts) -> None:
+    """An address on the hosts' network where nothing answers (a host that is down): the
+    kernel finds no route (ARP gets no answer) before --ssh-timeout, and dtrain says so
+    (it said "connection refused", which sends the user to check sshd)."""
+    result = run_dtrain("run", *ssh(ssh_hosts), "--ssh-timeout", "30", "-H", f"{SUBNET}.98", "true")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"dtrain: error: {SUBNET}.98: unreachable: no route to it (nothing answers at its "
+        "address) (hint: check that the host is up and its address, or the network between)"
+    ]
+
+
 def test_refused_connection_names_the_host(ssh_hosts: TestHosts) -> None:
     result = run_dtrain("run", *ssh(ssh_hosts), "--ssh-port", "2222", "-H", "node1", "true")
     assert result.returncode == 1
@@ -386,13 +398,13 @@ def test_check_reports_every_host(ssh_hosts: TestHosts) -> None:
         f"localhost,node1,node2,node3,{SUBNET}.99",
         "--json",
     )
-    assert result.returncode == 1  # one host is unreachable
+    assert result.returncode == 1, result.stdout  # one host is unreachable
     rows = {row["host"]: row for row in json.loads(result.stdout)}
     assert rows[f"{SUBNET}.99"]["ok"] is False
     assert "no answer on port 22" in rows[f"{SUBNET}.99"]["error"]
     for name in ("node1", "node2", "node3"):
         row = rows[name]
-        assert row["ok"] and row["hostname"] == name
+        assert row["ok"] and row["hostname"] == name, row
         assert row["python_version"].count(".") == 2 and row["python"]
         assert row["versions"]["dtrain"] is not None
         assert row["rtt_ms"] is not None and row["rtt_ms"] >= 0

@@ -409,6 +409,11 @@ def connect_error(
             "one connection per host",
             "raise the hard limit (ulimit -Hn, /etc/security/limits.conf) or use fewer hosts",
         )
+    if unreachable(exc):
+        return HostConnectionError(
+            f"{where}: unreachable: no route to it (nothing answers at its address)",
+            "check that the host is up and its address, or the network between",
+        )
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError | ConnectionRefusedError):
         return HostConnectionError(
             f"{where}: connection refused on port {target.port}",
@@ -421,6 +426,14 @@ def connect_error(
     return HostConnectionError(
         f"{where}: SSH failed: {text}", f"try 'ssh -p {target.port} {target.hostname} true'"
     )
+
+
+def unreachable(exc: BaseException) -> bool:
+    """No route to the host (down, on this host's own network: nothing answers its
+    address), not a refusal: paramiko's NoValidConnectionsError wraps either."""
+    causes = getattr(exc, "errors", None) or {None: exc}
+    found = [getattr(cause, "errno", None) for cause in causes.values()]
+    return bool(found) and all(e in (errno.EHOSTUNREACH, errno.ENETUNREACH) for e in found)
 
 
 # paramiko's own words, in a user's: what went wrong, and what to try.
