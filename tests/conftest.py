@@ -27,8 +27,15 @@ if os.path.basename(_INHERITED).startswith("dtrain-test-jobs-") and os.path.isdi
     JOBS = Path(_INHERITED)  # a process of a test that imports this module: its run's folder
     JOBS_OWNER = -1  # (not its to remove; it made none to leave behind)
 else:
-    JOBS = Path(tempfile.mkdtemp(prefix="dtrain-test-jobs-"))  # job directories of this run
+    # The job directories of this run: made by pytest_configure, so only by a pytest process
+    # (a rank that imports a test module, as the API's function ranks do, makes none)
+    JOBS = Path(tempfile.gettempdir()) / f"dtrain-test-jobs-{uuid.uuid4().hex}"
     JOBS_OWNER = os.getpid()  # the pytest process that made JOBS removes it at its end
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.getpid() == JOBS_OWNER:
+        JOBS.mkdir(mode=0o700)
 
 
 def child_env() -> dict[str, str]:
