@@ -8,8 +8,8 @@ Stdlib only.  Two modes:
     (``dtv-nodeK``) is enslaved to the bridge ``dtrain-br0`` (198.18.0.1/24) in
     the root namespace (lane 0's names and addresses; see below for the others).
     The launcher (root namespace) reaches every node and the nodes reach each
-    other through the bridge.  Each ``sshd`` also runs in
-    its own UTS namespace, so ``ssh node2 hostname`` prints ``node2``.
+    other through the bridge.  Each ``sshd`` also runs in its own UTS namespace,
+    so ``ssh node2 hostname`` prints ``node2``.
 
 ``loopback`` (fallback)
     Host ``nodeK`` is an ``sshd`` on ``127.0.0.(K+1)``: port 22 when root,

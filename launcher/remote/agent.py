@@ -70,14 +70,6 @@ def program_pid(watchdog_pid: int) -> "int | None":
     return next((int(e) for e in os.listdir("/proc") if parent_of(e) == watchdog_pid), None)
 
 
-def command_line(entry: str) -> bytes:
-    try:
-        with open(f"/proc/{entry}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 def parent_of(entry: str) -> "int | None":
     """The parent of process ``entry`` (a /proc name); None where it is no process."""
     try:
@@ -198,8 +190,12 @@ def job_processes(job_id: str, named: bytes = b"") -> dict[int, tuple[int, list[
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 variables = f.read().split(b"\0")
-            if job not in variables and not (named and named in command_line(entry)):
-                continue
+            if job not in variables:
+                if not named:
+                    continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if named not in f.read():
+                        continue
             if here is not None and os.readlink(f"/proc/{entry}/ns/net") != here:
                 continue
         except OSError:
@@ -224,7 +220,9 @@ def claim_folder(path: str) -> str | None:
     return path if stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() else None
 
 
-def kill_job_processes(job_id: str, deadline_s: float = 5.0, named: str = "") -> dict:  # type: ignore[type-arg]
+def kill_job_processes(
+    job_id: str, deadline_s: float = 5.0, named: str = ""
+) -> dict[str, list[int]]:
     """SIGKILL what is left here of an ``--mpi`` job once mpirun is gone (a rank's child
     that mpirun's daemon did not end; the daemon itself, by its session folder ``named``:
     alive, it could make the folder again, or write in it while it is removed), again
