@@ -12,11 +12,11 @@ import weakref
 from typing import Any
 
 from launcher.base.clock import SystemClock
+from launcher.base.interpreter import START_SWITCH_S, Interpreter
 from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
 from launcher.core.outcome import JobResult
 from launcher.loop import drain
-from launcher.loop.interpreter import START_SWITCH_S, Interpreter
 from launcher.loop.supervisor import Supervisor
 from launcher.streams.recorder import result_record
 from tests.fakes import FakeClock, RecordingSink

@@ -79,7 +79,7 @@ class Job:
     def logs(self, follow: bool = False) -> str | None:
         """The job's lines so far, tagged as ``dtrain logs`` shows them; with ``follow``,
         printed to stdout as they come until the job ends (returns None)."""
-        from launcher.run.follow import show_log
+        from launcher.streams.follow import show_log
         from launcher.streams.joblogs import LogQuery
         from launcher.view.logview import LogView
 

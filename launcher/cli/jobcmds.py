@@ -69,7 +69,7 @@ def logs(
     """Show a job's logs (default: the latest job; with -f the running one), merged by time,
     tagged by rank, then how the job ended."""
     from launcher.core.config import parse_ranks
-    from launcher.run.follow import followed_exit_code, pick_job, show_log
+    from launcher.streams.follow import followed_exit_code, pick_job, show_log
     from launcher.streams.joblist import jobs_root
     from launcher.streams.joblogs import LogQuery, parse_duration
     from launcher.streams.recorder import recorded_result
@@ -206,7 +206,7 @@ def top(job: str | None, once: bool, as_json: bool, job_dir: str | None) -> int:
 
 def running_job(job: str | None, job_dir: str | None) -> JobDir:
     """JOB, or the running one (the latest started if several, said so)."""
-    from launcher.run.follow import pick_job
+    from launcher.streams.follow import pick_job
     from launcher.streams.joblist import jobs_root
 
     found, running = pick_job(jobs_root(job_dir, os.environ), job, running_first=True)

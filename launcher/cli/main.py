@@ -201,7 +201,7 @@ def loading_for_good() -> Iterator[None]:
     left out of the collections (``gc.freeze``).  Importing makes long-lived objects, not
     garbage: the collector would look at them a dozen times over meanwhile, and at every
     collection after (about 3 ms of a short job's start).  The dtrain command only; the
-    job's end gives them back to the collector (``loop/interpreter.py``, else ``start_job``)."""
+    job's end gives them back to the collector (``base/interpreter.py``, else ``start_job``)."""
     collecting = gc.isenabled()
     gc.disable()
     try:

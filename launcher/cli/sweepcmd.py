@@ -31,7 +31,7 @@ from launcher.cli.options import (
 from launcher.cli.projectfile import with_project_file
 
 if TYPE_CHECKING:
-    from launcher.run.sweeprecord import Sweep
+    from launcher.streams.sweeprecord import Sweep
 
 
 # The trials (a grid, random draws), how they run, how the table is ordered.

@@ -23,6 +23,7 @@ from typing import Any
 
 from launcher.base.clock import Clock, SystemClock
 from launcher.base.frozen import evolve
+from launcher.base.interpreter import INTERPRETER
 from launcher.base.log import LOG
 from launcher.core.command import LaunchSpec
 from launcher.core.config import rank_set
@@ -48,7 +49,6 @@ from launcher.core.policy import (
 )
 from launcher.loop.asks import StackDumps, dump_stacks, rank_stats
 from launcher.loop.drain import DrainCut, bounds, drain_streams, judge_output
-from launcher.loop.interpreter import INTERPRETER
 from launcher.loop.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
 from launcher.loop.settle import settle_runs
 from launcher.streams.outlets import Fanout, Outlet

@@ -18,10 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.base.clock import Clock, SystemClock
+from launcher.base.interpreter import INTERPRETER
 from launcher.base.jobid import new_job_id
 from launcher.core.config import JobConfig, validate_config
 from launcher.core.env import resolve_env_args
-from launcher.loop.interpreter import INTERPRETER
 from launcher.run.attempt import Attempt, Frontend, JobOutcome, OpenTransport, SurveyHosts
 from launcher.run.namedfiles import check_ssh_files, read_env_files
 from launcher.run.restarts import run_attempts
@@ -88,7 +88,7 @@ def run_job(
         checkpoint_dir=config.checkpoint_dir
         or str(jobs_root(config.job_dir, environ) / job_id / "checkpoints"),
     )
-    # What the started ranks hold stays out of the collector's reach (``loop/interpreter.py``)
+    # What the started ranks hold stays out of the collector's reach (``base/interpreter.py``)
     # until the job's end is recorded and run_job returns: a full collection of it comes
     # only after many more allocations, not before the summary is printed (and never in the
     # command line, which exits).

@@ -33,7 +33,6 @@ from launcher.core.sweep import (
     render_hostfile,
 )
 from launcher.loop.supervisor import caught_signals
-from launcher.run.sweeprecord import Sweep, TrialRecord
 from launcher.run.trial import (
     METRICS_FILE,
     MetricScanner,
@@ -44,6 +43,7 @@ from launcher.run.trial import (
 )
 from launcher.streams.jobdir import JobDir, open_private
 from launcher.streams.joblogs import LogLine, LogReader
+from launcher.streams.sweeprecord import Sweep, TrialRecord
 from launcher.transport.local import detect_local_gpus, find_free_ports, is_local_address
 
 POLL_S = 0.25  # how often the sweep looks at its trials

@@ -34,7 +34,9 @@ from launcher.core.sweep import (
 )
 from launcher.run.namedfiles import check_ssh_files, read_env_files
 from launcher.run.survey import hostfile_shorthand, read_hosts
-from launcher.run.sweeprecord import (
+from launcher.run.trial import trial_config
+from launcher.streams.jobdir import make_private_dir
+from launcher.streams.sweeprecord import (
     SWEEPS,
     Sweep,
     SweepSettings,
@@ -42,8 +44,6 @@ from launcher.run.sweeprecord import (
     check_fits,
     load_sweep,
 )
-from launcher.run.trial import trial_config
-from launcher.streams.jobdir import make_private_dir
 from launcher.transport.local import detect_local_gpus
 
 

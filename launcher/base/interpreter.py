@@ -1,4 +1,4 @@
-"""The interpreter's pace while ranks start (loop layer): thread switching and the collector.
+"""The interpreter's pace while ranks start (base layer): thread switching and the collector.
 
 A launcher is one loop and many threads that mostly wait on I/O (the ranks' readers, the job
 directory's writer, the SSH pumps).  While the loop starts thousands of ranks it is busy for
