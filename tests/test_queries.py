@@ -22,7 +22,8 @@ from launcher.core.hosts import Host
 from launcher.core.outcome import JobResult, Stream
 from launcher.loop.supervisor import Supervisor, TimeLimits
 from launcher.remote import agent as agent_program
-from launcher.streams.control import SOCKET_NAME, ControlServer, ask
+from launcher.streams.control import ControlServer, ask
+from launcher.streams.jobdir import CONTROL_SOCKET
 from launcher.transport.agentlink import AgentProcess, HostAgent
 from tests.fakes import FakeClock, FakeTransport, RecordingSink
 
@@ -275,10 +276,10 @@ def test_a_rank_restarted_while_its_host_is_lost_is_lost_too() -> None:
 
 
 def test_a_silent_client_of_the_control_socket_blocks_no_other(tmp_path: Path) -> None:
-    server = ControlServer(tmp_path / SOCKET_NAME, lambda request: {"op": request.get("op")})
+    server = ControlServer(tmp_path / CONTROL_SOCKET, lambda request: {"op": request.get("op")})
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
-            silent.connect(str(tmp_path / SOCKET_NAME))  # connects, and says nothing
+            silent.connect(str(tmp_path / CONTROL_SOCKET))  # connects, and says nothing
             assert ask(tmp_path, {"op": "stacks"}, WAIT_S) == {"op": "stacks"}
             assert ask(tmp_path, {"op": "stats"}, WAIT_S) == {"op": "stats"}
     finally:
@@ -286,10 +287,10 @@ def test_a_silent_client_of_the_control_socket_blocks_no_other(tmp_path: Path) -
 
 
 def test_a_silent_client_is_dropped_after_the_client_timeout(tmp_path: Path) -> None:
-    server = ControlServer(tmp_path / SOCKET_NAME, lambda request: {}, client_timeout_s=0.2)
+    server = ControlServer(tmp_path / CONTROL_SOCKET, lambda request: {}, client_timeout_s=0.2)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
-            silent.connect(str(tmp_path / SOCKET_NAME))
+            silent.connect(str(tmp_path / CONTROL_SOCKET))
             silent.settimeout(WAIT_S)
             assert silent.recv(1) == b""  # the launcher hung up: no thread of it waits on us
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.core.stacks import format_stacks, group_stacks
-from launcher.streams.control import SOCKET_NAME
+from launcher.streams.jobdir import CONTROL_SOCKET
 from launcher.view.topview import top_table
 from tests.conftest import JOBS, run_dtrain, start_dtrain, wait_until_gone
 from tests.testhosts import TestHosts
@@ -108,7 +108,7 @@ def test_stacks_answer_while_another_client_of_the_job_says_nothing(
         for _ in range(2):
             assert "ready" in proc.stdout.readline()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
-            silent.connect(str(JOBS / job / SOCKET_NAME))
+            silent.connect(str(JOBS / job / CONTROL_SOCKET))
             result = run_dtrain("stacks", job, timeout=60)
         assert result.returncode == 0, result.stderr
         assert "wait_in_all_reduce" in result.stdout

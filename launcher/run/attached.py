@@ -22,10 +22,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.core.config import JobConfig, config_to_json
-from launcher.run.background import LAUNCH_FILE, STOP_EXTRA_S, write_starting
-from launcher.streams.jobdir import STOP_MARK, JobDir, open_private, write_json
-
-LAUNCHER_LOG = "launcher.log"  # the background launcher's own stdout and stderr
+from launcher.run.background import STOP_EXTRA_S, write_starting
+from launcher.streams.jobdir import (
+    LAUNCH_FILE,
+    LAUNCHER_LOG,
+    STOP_MARK,
+    JobDir,
+    open_private,
+    write_json,
+)
 
 
 class AttachedLauncher:

@@ -49,7 +49,15 @@ from launcher.run.planning import (
 from launcher.run.preflight import check_local_program, not_checked_note
 from launcher.run.stragglers import ProgressWatch
 from launcher.run.survey import Survey
-from launcher.streams.jobdir import STOP_MARK, JobDir, open_private, write_json
+from launcher.streams.jobdir import (
+    COORDINATOR,
+    META,
+    STOP_MARK,
+    TF_CONFIG,
+    JobDir,
+    open_private,
+    write_json,
+)
 from launcher.streams.joblist import jobs_root
 from launcher.streams.outlets import Fanout, Outlet
 from launcher.streams.recorder import JobRecorder, clear_results, end_record, record_attempt
@@ -412,8 +420,8 @@ class Attempt:
         cluster, the export, the file) on lines of its own, the rest within 80 columns."""
         tf_config = next(s.env["TF_CONFIG"] for s in specs if s.role == "chief")
         export = f"export TF_CONFIG='{tf_config}' GRPC_FAIL_FAST=use_caller"
-        write_json(job.path / "tf_config.json", json.loads(tf_config))
-        with open_private(job.path / "coordinator.sh", "wb") as f:
+        write_json(job.path / TF_CONFIG, json.loads(tf_config))
+        with open_private(job.path / COORDINATOR, "wb") as f:
             f.write(f"{export}\n".encode())
         cluster = json.dumps(json.loads(tf_config)["cluster"], separators=(",", ":"))
         for line in (
@@ -422,7 +430,7 @@ class Attempt:
             "dtrain: run your coordinator (ParameterServerStrategy) on this machine with:",
             f"    {export}",
             "dtrain: or with the same line, kept in the job directory:",
-            f"    . {job.path / 'coordinator.sh'}",
+            f"    . {job.path / COORDINATOR}",
             "dtrain: the cluster serves until Ctrl-C, or until dtrain stop with its job id:",
         ):
             self.frontend.notice(line)
@@ -451,7 +459,7 @@ class Attempt:
             "launcher_pid": os.getpid(),
         }
         if (root / self.job_id).is_dir():  # made by --detach before this launcher started
-            write_json(root / self.job_id / "meta.json", meta)
+            write_json(root / self.job_id / META, meta)
             return JobDir(root / self.job_id)
         return JobDir.create(root, self.job_id, meta)
 

@@ -25,6 +25,9 @@ from launcher.base.jobid import new_job_id
 from launcher.core.config import DEFAULT_GRACE_S, JobConfig, config_from_json, config_to_json
 from launcher.streams.jobdir import (
     ACTIVE,
+    LAUNCH_FILE,
+    LAUNCHER_LOG,
+    STATUS,
     STOP_MARK,
     JobDir,
     open_private,
@@ -33,7 +36,6 @@ from launcher.streams.jobdir import (
 )
 from launcher.streams.joblist import find_job, running_jobs
 
-LAUNCH_FILE = "launch.json"  # the background launcher's config; it removes the file once read
 DETACH_WAIT_S = 60.0  # how long --detach waits for the job to start (or fail) before returning
 STOP_EXTRA_S = 15.0  # beyond the grace period, how long dtrain stop waits for the launcher
 POLL_S = 0.05
@@ -60,7 +62,7 @@ def start_launcher(
     payload = job.path / LAUNCH_FILE
     write_json(payload, config_to_json(config))
     write_starting(job, os.getpid())
-    with open_private(job.path / "launcher.log", "wb") as log:
+    with open_private(job.path / LAUNCHER_LOG, "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "launcher", "_resume", str(payload)],
             stdin=subprocess.DEVNULL,
@@ -85,7 +87,7 @@ def start_detached(config: JobConfig, root: Path, environ: Mapping[str, str]) ->
         status = job.status()
         if ended and status.get("state") in ("starting", "running"):
             # It ended before it could start the job: its error is ours.
-            lines = (job.path / "launcher.log").read_text(errors="replace").splitlines()
+            lines = (job.path / LAUNCHER_LOG).read_text(errors="replace").splitlines()
             error = next(
                 (ln for ln in reversed(lines) if ln.startswith("dtrain:")),
                 "dtrain: error: the background launcher failed",
@@ -100,7 +102,7 @@ def start_detached(config: JobConfig, root: Path, environ: Mapping[str, str]) ->
 def write_starting(job: JobDir, pid: int) -> None:
     """The job is starting, and ``pid`` answers for it (not "lost" while it starts)."""
     write_json(
-        job.path / "status.json",
+        job.path / STATUS,
         {
             "id": job.id,
             "state": "starting",

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from launcher.base.log import LOG
 from launcher.core.config import rank_set
 from launcher.loop.supervisor import Supervisor
-from launcher.streams.control import SOCKET_NAME, ControlServer
-from launcher.streams.jobdir import JobDir, open_private
+from launcher.streams.control import ControlServer
+from launcher.streams.jobdir import CONTROL_SOCKET, STACKS, JobDir, open_private
 from launcher.streams.progressboard import ProgressBoard
 
 if TYPE_CHECKING:  # loaded when needed: a plain job never takes a stack
@@ -41,7 +41,7 @@ def report_hang(
 
     groups = group_stacks(dumps)
     text = format_stacks(groups, world)
-    path = job.path / "stacks.txt"
+    path = job.path / STACKS
     try:
         with open_private(path, "ab") as f:
             f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(wall))}\n".encode())
@@ -88,7 +88,7 @@ def open_control(
         return {"error": f"unknown request {request.get('op')!r}"}
 
     try:
-        return ControlServer(job.path / SOCKET_NAME, answer)
+        return ControlServer(job.path / CONTROL_SOCKET, answer)
     except OSError as exc:  # e.g. a path longer than a Unix socket's 107 bytes
         LOG.debug("no control socket in %s: %s", job.path, exc)
         return None

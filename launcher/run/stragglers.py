@@ -24,10 +24,9 @@ from launcher.core.progress import (
     compile_progress_regex,
     describe_stragglers,
 )
-from launcher.streams.jobdir import JobDir, open_private
+from launcher.streams.jobdir import STRAGGLERS_LOG, JobDir, open_private
 from launcher.streams.progressboard import ProgressBoard
 
-STRAGGLERS_LOG = "stragglers.log"  # in the job directory: '<unix time> <the notice>' lines
 LONGEST_CHECK_S = 1.0  # the rates are compared at least this often...
 SHORTEST_CHECK_S = 0.1  # ...and at most this often (a --straggler-after of 0.2 s)
 NOTICE_WIDTH = 80  # columns of a notice's lines (a terminal's least)

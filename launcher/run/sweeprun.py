@@ -34,14 +34,13 @@ from launcher.core.sweep import (
 )
 from launcher.loop.supervisor import caught_signals
 from launcher.run.trial import (
-    METRICS_FILE,
     MetricScanner,
     launcher_report,
     outcome_of,
     start_trial_launcher,
     trial_config,
 )
-from launcher.streams.jobdir import JobDir, open_private
+from launcher.streams.jobdir import HOSTFILE, METRICS, JobDir, open_private
 from launcher.streams.joblogs import LogLine, LogReader
 from launcher.streams.sweeprecord import Sweep, TrialRecord
 from launcher.transport.local import detect_local_gpus, find_free_ports, is_local_address
@@ -185,7 +184,7 @@ class SweepRunner:
         job = JobDir.create(
             sweep.root, job_id, {"id": job_id, "command": list(record.command), "sweep": sweep.id}
         )
-        hostfile = job.path / "hosts"
+        hostfile = job.path / HOSTFILE
         with open_private(hostfile, "wb") as f:
             text = render_hostfile(
                 sweep.hosts, placement, self.local_gpus, sweep.base.placement.gpus_per_rank
@@ -193,7 +192,7 @@ class SweepRunner:
             f.write(text.encode())
         port = self.pick_port()
         trial = Trial(record.index, record.params, record.command)
-        metrics = str(job.path / METRICS_FILE)
+        metrics = str(job.path / METRICS)
         config = trial_config(
             sweep.base,
             sweep.root,

@@ -23,11 +23,18 @@ from typing import Any
 from launcher.core.config import JobConfig, ViewConfig
 from launcher.core.sweep import Trial, Value, parse_metric_json, parse_metric_line, trial_env
 from launcher.run.background import start_launcher
-from launcher.streams.jobdir import ACTIVE, JobDir, write_json
+from launcher.streams.jobdir import (
+    ACTIVE,
+    LAUNCHER_LOG,
+    METRICS,
+    RANK_LOGS,
+    STATUS,
+    JobDir,
+    write_json,
+)
 
 SCAN_CHUNK = 1 << 20  # bytes of a trial's logs read per look (the rest on the next one)
 MAX_LINE = 64 * 1024  # a longer line is skipped by the metrics reader (never held whole)
-METRICS_FILE = "metrics.jsonl"  # $DTRAIN_METRICS_FILE of a trial, in its job directory
 PR_SET_PDEATHSIG = 1
 
 
@@ -97,8 +104,8 @@ class MetricScanner:
         self.metrics: dict[str, Value] = {}
 
     def files(self) -> list[Path]:
-        logs = sorted(self.job.path.glob("rank.*.log"))
-        extra = self.job.path / METRICS_FILE
+        logs = sorted(self.job.path.glob(RANK_LOGS))
+        extra = self.job.path / METRICS
         return logs + ([extra] if extra.is_file() else [])
 
     def scan(self, until_end: bool = False) -> None:
@@ -131,7 +138,7 @@ class MetricScanner:
         return bool(data)
 
     def take_line(self, path: Path, line: bytes) -> None:
-        if path.name == METRICS_FILE:
+        if path.name == METRICS:
             self.metrics.update(parse_metric_json(line.decode(errors="replace")))
         elif b"metric:" in line:
             text = line.split(b" ", 2)[-1]  # after "<time> <o|e> "
@@ -142,7 +149,7 @@ def launcher_report(job: JobDir) -> tuple[list[str], str | None]:
     """What the trial's launcher said (launcher.log's end): its notes and warnings, and why
     the trial failed, in one line (its error, or the failed rank and its last line)."""
     try:
-        with open(job.path / "launcher.log", "rb") as f:
+        with open(job.path / LAUNCHER_LOG, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
@@ -174,5 +181,5 @@ def outcome_of(job: JobDir, returncode: int, stopping: bool) -> tuple[str, int]:
     if state in ACTIVE or state is None:  # its launcher never recorded the end: we do
         status.update(state="stopped" if outcome == "stopped" else "failed", exit_code=code)
         with contextlib.suppress(OSError):
-            write_json(job.path / "status.json", status)
+            write_json(job.path / STATUS, status)
     return outcome, code

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.base.errors import UsageError
+from launcher.streams.jobdir import ACTIVE, CONTROL_SOCKET, JobDir
 
-SOCKET_NAME = "control.sock"
 MAX_REQUEST_BYTES = 1 << 16
 CLIENT_TIMEOUT_S = 10.0  # a client silent this long (sending or reading) is dropped
 CLOSE_WAIT_S = 5.0  # for the accepting thread to end once the socket is shut
@@ -96,7 +96,7 @@ class ControlServer:
 
 def ask(job_path: Path, request: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
     """One request to a running job's launcher; a UsageError when it cannot be asked."""
-    path = job_path / SOCKET_NAME
+    path = job_path / CONTROL_SOCKET
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.settimeout(timeout_s)
         try:
@@ -118,8 +118,6 @@ def ask(job_path: Path, request: Mapping[str, Any], timeout_s: float) -> dict[st
 
 def not_answering(job_path: Path) -> UsageError:
     """Why a job does not answer: it ended (as its record says), or it cannot be asked."""
-    from launcher.streams.jobdir import ACTIVE, JobDir
-
     state = JobDir(job_path).state()
     if state not in ACTIVE:
         return UsageError(
@@ -127,7 +125,7 @@ def not_answering(job_path: Path) -> UsageError:
             f"dtrain logs {job_path.name} shows what they said",
         )
     return UsageError(
-        f"job {job_path.name} does not answer (no {SOCKET_NAME}: started by an older dtrain, "
+        f"job {job_path.name} does not answer (no {CONTROL_SOCKET}: started by an older dtrain, "
         "or its directory's path is too long for a socket)",
         "see dtrain jobs --running",
     )

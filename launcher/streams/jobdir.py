@@ -1,18 +1,9 @@
-"""One job's directory: its files, read back and written privately (streams layer).
+"""One job's directory: its layout (the names below, used by every module that reads or
+writes one), its files read back and written privately (streams layer).
 
 A job lives in ``<root>/<id>/`` (root ``~/.dtrain/jobs`` unless ``--job-dir``; the jobs
-under a root are found by ``streams/joblist.py``):
-
-* ``meta.json``   what was run, where, by which launcher (pid)
-* ``plan.json``   the ranks as ``--dry-run --json`` shows them
-* ``status.json`` the job state and every rank's host, pid, start, end, status
-* ``attempts.json`` with ``--max-restarts``: each attempt's start, end, exit code and
-                  failure (the rank logs go on across attempts; times tell them apart)
-* ``rank.N.log``  rank N's output, one line per line:
-                  ``<unix time> <o|e> <text>`` (o: stdout, e: stderr)
-
-``streams/recorder.py`` writes them while the job runs, ``streams/joblogs.py`` reads the
-rank logs back for ``dtrain logs``.
+under a root are found by ``streams/joblist.py``).  ``streams/recorder.py`` writes them
+while the job runs, ``streams/joblogs.py`` reads the rank logs back for ``dtrain logs``.
 """
 
 from __future__ import annotations
@@ -33,12 +24,31 @@ from launcher.base.trust import trust_doubt
 from launcher.core.command import LaunchSpec
 from launcher.core.hosts import Host
 
+META = "meta.json"  # what was run, where, by which launcher (pid)
+PLAN = "plan.json"  # the ranks as ``--dry-run --json`` shows them
+STATUS = "status.json"  # the job state and every rank's host, pid, start, end, status
+ATTEMPTS = "attempts.json"  # with --max-restarts: each attempt's start, end, exit, failure
+RANK_LOGS = "rank.*.log"  # ``rank_log``: '<unix time> <o|e> <text>' (o: stdout, e: stderr)
+LAUNCHER_LOG = "launcher.log"  # a background launcher's own stdout and stderr
+LAUNCH_FILE = "launch.json"  # a background launcher's config; it removes the file once read
+STRAGGLERS_LOG = "stragglers.log"  # '<unix time> <the notice>' lines
+STACKS = "stacks.txt"  # every rank's stack at a hang, appended
+CONTROL_SOCKET = "control.sock"  # where the running launcher answers (``streams/control.py``)
+TF_CONFIG, COORDINATOR = "tf_config.json", "coordinator.sh"  # a standing TF cluster's join
+HOSTFILE, METRICS = "hosts", "metrics.jsonl"  # a sweep's trial's: hosts, $DTRAIN_METRICS_FILE
 STOP_MARK = "stop-requested"  # dtrain stop leaves it: the job ends as "stopped"
+# (and ``errors/``: the ranks' error files, named by ``core/errorfile.py`` for their env)
+
 RUNNING = "running"
 ACTIVE = (RUNNING, "starting", "restarting")  # a launcher is at work on the job
 
 FILE_MODE = 0o600  # a job's files and directory are its owner's alone (rule 7)
 DIR_MODE = 0o700
+
+
+def rank_log(rank: object, label: str | None = None) -> str:
+    """Rank ``rank``'s log (a labelled output's, e.g. mpirun's own lines: ``<label>.log``)."""
+    return f"{label}.log" if label else f"rank.{rank}.log"
 
 
 def open_private(path: Path, mode: str = "ab") -> BinaryIO:
@@ -151,20 +161,20 @@ class JobDir:
             ) from None
         check_root(root, "--job-dir")  # (again: one made by another user just before ours)
         job = JobDir(path)
-        write_json(path / "meta.json", dict(meta))
+        write_json(path / META, dict(meta))
         return job
 
     def log_path(self, rank: int) -> Path:
-        return self.path / f"rank.{rank}.log"
+        return self.path / rank_log(rank)
 
     def meta(self) -> dict[str, Any]:
-        return read_json(self.path / "meta.json") or {}
+        return read_json(self.path / META) or {}
 
     def plan(self) -> list[dict[str, Any]]:
-        return read_json(self.path / "plan.json") or []
+        return read_json(self.path / PLAN) or []
 
     def status(self) -> dict[str, Any]:
-        return read_json(self.path / "status.json") or {}
+        return read_json(self.path / STATUS) or {}
 
     def state(self) -> str:
         """The job's state; a running job whose launcher is gone is ``lost``."""
@@ -212,7 +222,7 @@ class JobDir:
 
 def attempts_of(job: JobDir) -> list[dict[str, Any]]:
     """The entries of attempts.json (none for a job that never restarted)."""
-    found = read_json(job.path / "attempts.json")
+    found = read_json(job.path / ATTEMPTS)
     return found if isinstance(found, list) else []
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.base.errors import UsageError
-from launcher.streams.jobdir import ACTIVE, DEFAULT_ROOT_SHOWN, RUNNING, JobDir, check_root
+from launcher.streams.jobdir import ACTIVE, DEFAULT_ROOT_SHOWN, META, RUNNING, JobDir, check_root
 
 DEFAULT_ROOT = Path(DEFAULT_ROOT_SHOWN)
 ID_TIME_CHARS = len("20261122-035012")  # the part of a job id that is its start time
@@ -28,7 +28,7 @@ def list_jobs(root: Path) -> list[JobDir]:
     the same second by when their launcher started them."""
     if not root.is_dir():
         return []
-    jobs = [JobDir(p) for p in root.iterdir() if (p / "meta.json").is_file()]
+    jobs = [JobDir(p) for p in root.iterdir() if (p / META).is_file()]
     return sorted(jobs, key=lambda j: (j.id[:ID_TIME_CHARS], j.started(), j.id))
 
 

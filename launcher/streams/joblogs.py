@@ -12,7 +12,7 @@ from pathlib import Path
 from launcher.base.errors import UsageError
 from launcher.core.command import LaunchSpec
 from launcher.core.outcome import Stream
-from launcher.streams.jobdir import ACTIVE, JobDir, attempts_of
+from launcher.streams.jobdir import ACTIVE, RANK_LOGS, JobDir, attempts_of
 
 LOG_POLL_S = 0.2  # how often ``dtrain logs -f`` looks for new lines
 
@@ -45,7 +45,7 @@ class LogReader:
 
     def rank_files(self) -> dict[int, Path]:
         found = {}
-        for path in self.job.path.glob("rank.*.log"):
+        for path in self.job.path.glob(RANK_LOGS):
             try:
                 rank = int(path.name.split(".")[1])
             except (IndexError, ValueError):

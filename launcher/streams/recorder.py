@@ -27,11 +27,15 @@ from launcher.core.results import (
     result_file_name,
 )
 from launcher.streams.jobdir import (
+    ATTEMPTS,
+    PLAN,
     RUNNING,
+    STATUS,
     JobDir,
     attempts_of,
     open_private,
     process_start,
+    rank_log,
     write_json,
     write_text,
 )
@@ -89,7 +93,7 @@ class JobRecorder:
         self.launcher_pid = os.getpid()
         self.launcher_start = process_start(self.launcher_pid)
         # A restart's recorder keeps the job's start: `dtrain jobs` times all its attempts.
-        earlier = job.status().get("started") if (job.path / "status.json").exists() else None
+        earlier = job.status().get("started") if (job.path / STATUS).exists() else None
         self.started = float(earlier) if isinstance(earlier, int | float) else clock()
         self.result: dict[str, Any] | None = None  # how it ended, for dtrain logs' summary
 
@@ -112,7 +116,7 @@ class JobRecorder:
             if not lines:
                 return
             block = prefix + (b"\n" + prefix).join(lines) + b"\n"
-        name = f"{spec.label}.log" if spec.label else f"rank.{spec.rank}.log"
+        name = rank_log(spec.rank, spec.label)
         try:
             self.logs.append(name, block)
         except OSError:
@@ -157,9 +161,9 @@ class JobRecorder:
                 self.failed = True  # as for the logs: the job goes on
 
     def write_plan(self, entries: Sequence[Mapping[str, object]]) -> None:
-        write_json(self.job.path / "plan.json", list(entries))
+        write_json(self.job.path / PLAN, list(entries))
         if len(entries) > CREATE_AHEAD_RANKS:  # their files made while the job starts
-            self.logs.create_ahead([f"rank.{entry['rank']}.log" for entry in entries])
+            self.logs.create_ahead([rank_log(entry["rank"]) for entry in entries])
 
     def write_status(self, state: str, exit_code: int | None) -> None:
         self.status_written = time.monotonic()
@@ -179,7 +183,7 @@ class JobRecorder:
             self.changed.clear()
         ranks = ",\n".join(f'"{r}": {s}' for r, s in sorted(self.ranks.items()))
         text = json.dumps(head, indent=1)[:-2] + ',\n "ranks": {\n' + ranks + "\n}\n}"
-        write_text(self.job.path / "status.json", text)
+        write_text(self.job.path / STATUS, text)
 
     def close_files(self) -> None:
         self.logs.close()
@@ -260,7 +264,7 @@ def end_record(job: JobDir, exit_code: int) -> None:
     status = job.status()
     status.update(state="failed" if exit_code else "succeeded", exit_code=exit_code)
     try:
-        write_json(job.path / "status.json", status)
+        write_json(job.path / STATUS, status)
     except OSError:
         pass  # a full disk: the launcher's exit code still says it
 
@@ -271,4 +275,4 @@ def record_attempt(job: JobDir, number: int, values: Mapping[str, object]) -> No
     while len(entries) <= number:
         entries.append({"attempt": len(entries)})
     entries[number].update(values)
-    write_json(job.path / "attempts.json", entries)
+    write_json(job.path / ATTEMPTS, entries)
