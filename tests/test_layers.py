@@ -317,3 +317,83 @@ def test_complexity_is_capped_without_exceptions() -> None:
         if re.search(r"noqa:[^#]*\bC9", line)
     ]
     assert noqa == []
+
+
+ARCHITECTURE = LAUNCHER.parent / "docs" / "architecture.md"
+# The module table's layer column -> the folder.
+DOC_LAYERS = {"edge": "cli", "edge (api)": "api", "job": "run"} | {
+    layer: layer for layer in MAY_IMPORT if layer
+}
+# A module named in the doc by its folder: `core/mpi.py`, `run/early.start_agent_early`.
+DOC_PATH = re.compile(rf"\b({'|'.join(layer for layer in MAY_IMPORT if layer)})/(\w+)")
+# The concerns that span layers: the doc's row of each, and the modules named for it,
+# which must all stand in that row.
+CONCERNS = {
+    "`--mpi`": r"mpi",
+    "`--sync`": r"sync",
+    "the network check": r"net(check|reduce|view)",
+    "sweeps": r"sweep|trial",
+    "stragglers": r"straggl|progress",
+}
+
+
+def doc_tables(text: str) -> list[list[list[str]]]:
+    """Each markdown table of ``text``: its rows (the header first), each a list of cells."""
+    tables: list[list[list[str]]] = []
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("|") and not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", line):
+            row = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append(row)
+        previous = line
+    return tables
+
+
+def documented_modules(text: str) -> dict[str, set[str]]:
+    """``{"modules": ..., concern: ...}``: the paths (``core/mpi.py``) the module table lists,
+    and each concern's row of the concerns table (whose columns are folders: ``core/``)."""
+    found: dict[str, set[str]] = {"modules": set()}
+    for table in doc_tables(text):
+        header = table[0]
+        if header[:2] == ["layer", "module"]:
+            for layer, names, *_ in table[1:]:
+                folder = DOC_LAYERS[layer]
+                for name in re.findall(r"`([\w/]+)\.py`", names):
+                    found["modules"].add(f"{name}.py" if "/" in name else f"{folder}/{name}.py")
+        elif header[0] == "concern":
+            for concern, *cells in table[1:]:
+                found[concern] = {
+                    f"{column.strip('`')}{name}.py"
+                    for column, cell in zip(header[1:], cells, strict=True)
+                    for name in re.findall(r"`(\w+)\.py`", cell)
+                }
+    return found
+
+
+def test_the_architecture_doc_lists_every_module() -> None:
+    """docs/architecture.md's module table names every module of launcher/ (packages'
+    ``__init__.py`` aside), the concerns table has each concern's modules in its row, and
+    every module the doc names anywhere exists."""
+    text = ARCHITECTURE.read_text()
+    listed = documented_modules(text)
+    actual = {
+        path.relative_to(LAUNCHER).as_posix()
+        for path in MODULES
+        if path.name != "__init__.py" and path.parent != LAUNCHER
+    }
+    assert sorted(actual - listed["modules"]) == [], "missing from the module table"
+    assert sorted(listed["modules"] - actual) == [], "in the module table, not in launcher/"
+    for concern, named_for_it in CONCERNS.items():
+        assert concern in listed, f"no row for {concern} in the concerns table"
+        own = {path for path in actual if re.search(named_for_it, path.split("/")[1])}
+        assert sorted(own - listed[concern]) == [], f"{concern}'s row misses these"
+        assert sorted(listed[concern] - actual) == [], f"{concern}'s row names no module"
+    named = {f"{folder}/{name}" for folder, name in DOC_PATH.findall(text)}
+    gone = sorted(
+        path
+        for path in named
+        if not (LAUNCHER / f"{path}.py").is_file() and not (LAUNCHER / path).is_dir()
+    )
+    assert gone == [], "docs/architecture.md names modules that do not exist"
