@@ -3,22 +3,12 @@ Python API: ``from launcher import launch, start`` (docs/python-api.md)."""
 
 from __future__ import annotations
 
-import gc
+from launcher.base.interpreter import loading
 
-# What this loads (dataclasses, inspect, pathlib, typing: long-lived objects, no garbage)
-# loads with the cyclic collector off, which would otherwise look at all of it again at
-# every collection meanwhile; then the collector is as it was (cli/entry.py does the same
-# for the command line).
-_collecting = gc.isenabled()
-gc.disable()
-try:
+with loading():  # (long-lived objects, no garbage: base/interpreter.py)
     from launcher.base import codecache
 
     codecache.install()  # before any module of dtrain defines a dataclass
-finally:
-    if _collecting:
-        gc.enable()
-    del _collecting
 
 TYPE_CHECKING = False  # (typing is not imported: every rank's runner imports this package)
 if TYPE_CHECKING:

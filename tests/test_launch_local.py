@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli.main import cli, loading_for_good
+from launcher.base.interpreter import loading
+from launcher.cli.main import cli
 from launcher.remote import watchdog
 from launcher.transport.localagent import LocalAgent, Spawned
 from tests.conftest import child_env, run_dtrain, tagged
@@ -147,7 +148,7 @@ def test_the_job_modules_load_without_collections_then_stay_out_of_them() -> Non
     was_frozen = gc.get_freeze_count()
     gc.callbacks.append(count)
     try:
-        with loading_for_good():
+        with loading(freeze=True):
             assert not gc.isenabled()
             kept = [[i] for i in range(5000)]  # more than a collection's threshold
         assert gc.isenabled()

@@ -1,20 +1,27 @@
-"""The interpreter's pace while ranks start (base layer): thread switching and the collector.
+"""The interpreter's pace while dtrain loads and ranks start (base layer): thread switching
+and the cyclic collector.  The start-up GC protocol, all of it here:
 
-A launcher is one loop and many threads that mostly wait on I/O (the ranks' readers, the job
-directory's writer, the SSH pumps).  While the loop starts thousands of ranks it is busy for
-seconds, and two of CPython's defaults work against the other threads meanwhile:
-
-* Threads switch every 5 ms (``sys.getswitchinterval``).  Each file operation of the job
-  directory's writer lets the GIL go, and gets it back from the busy loop only when the
-  interval is over: once per operation, so the writer fell seconds behind and the job's
-  end waited for it (part of the seconds between the ranks' exit and ``run_job``'s return
-  at 1,000 simulated hosts).  While ranks start, threads switch every ``START_SWITCH_S``.
-* The cyclic collector runs a full collection each time the objects it tracks have grown by
-  a quarter.  Starting 8,000 ranks makes some fifty long-lived objects for each (its run,
-  readers, tails, states): six full collections of a growing heap of half a million
-  objects, a fifth of the whole job's CPU time.  While ranks start (which makes no garbage
-  cycles to speak of) the collector is held off; once they have started, what the job
-  holds is moved out of its reach (``gc.freeze``) until the last job's end, so that the
+* Loading (``loading``): importing makes long-lived objects and no garbage, and the
+  collector would look at them again and again meanwhile (and at every full collection
+  after).  ``import launcher`` loads the code cache with the collector off; the ``dtrain``
+  command loads click and its commands (``cli/entry.py``), then the job's modules
+  (``cli/main.start_loaded_job``), with it off and then frozen (``gc.freeze``): about a
+  twentieth of a short local job's launcher.  ``thaw`` (``cli/main.start_job``, on every
+  way out) or the last job's end gives it back.  A program that imports dtrain (the API)
+  loads it as any module.
+* While ranks start (``Interpreter.starting_ranks``): a launcher is one loop and many
+  threads that mostly wait on I/O (the ranks' readers, the job directory's writer, the SSH
+  pumps).  While the loop starts thousands of ranks it is busy for seconds, and two of
+  CPython's defaults work against the other threads meanwhile.  Threads switch every 5 ms
+  (``sys.getswitchinterval``): each file operation of the job directory's writer lets the
+  GIL go and got it back from the busy loop only when the interval was over, so the writer
+  fell seconds behind and the job's end waited for it (at 1,000 simulated hosts); they
+  switch every ``START_SWITCH_S`` instead.  And the collector runs a full collection each
+  time its objects have grown by a quarter: starting 8,000 ranks makes some fifty
+  long-lived objects for each (six full collections of half a million objects, a fifth of
+  the job's CPU time), and no garbage cycles to speak of, so it is held off.
+* Once they have started (``Interpreter.freeze``), what the job holds is moved out of the
+  collector's reach until the last job's end (``Interpreter.running_job``), so that the
   collections of a running job look only at what is new.
 
 Settings are counted: several jobs may run at once in one process (a sweep, the Python
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 import gc
 import sys
-import threading
+from _thread import allocate_lock  # (threading's Lock, without loading threading)
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -36,7 +43,7 @@ class Interpreter:
     """The process's interpreter settings, while jobs run and their ranks start."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = allocate_lock()
         self.jobs = 0  # jobs running now
         self.frozen = False  # a job's objects are out of the collector's reach
         self.starts = 0  # starts of ranks under way now
@@ -94,3 +101,23 @@ class Interpreter:
 
 
 INTERPRETER = Interpreter()  # the process's
+
+
+@contextmanager
+def loading(freeze: bool = False) -> Iterator[None]:
+    """While modules load, no cyclic collection; with ``freeze``, what the process holds
+    then is left out of the collections (until ``thaw``); then the collector is as it was."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.freeze()
+        if collecting:
+            gc.enable()
+
+
+def thaw() -> None:
+    """What ``loading`` froze is the collector's again."""
+    gc.unfreeze()

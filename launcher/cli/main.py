@@ -12,17 +12,16 @@ stays fast (rule 11).
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import click
 
 from launcher.base.errors import LauncherError
+from launcher.base.interpreter import loading, thaw
 from launcher.cli.dialects import peer_options
 from launcher.cli.help import GroupedCommand
 from launcher.cli.lazygroup import LazyGroup
@@ -195,37 +194,21 @@ def ps_command(**options: Any) -> int:
     return start_job(config_from_options(options, ps=pick(PsConfig, options)))
 
 
-@contextmanager
-def loading_for_good() -> Iterator[None]:
-    """While the job's modules load, no cyclic collection; then what the process holds is
-    left out of the collections (``gc.freeze``).  Importing makes long-lived objects, not
-    garbage: the collector would look at them a dozen times over meanwhile, and at every
-    collection after (about 3 ms of a short job's start).  The dtrain command only; the
-    job's end gives them back to the collector (``base/interpreter.py``, else ``start_job``)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if collecting:
-            gc.enable()
-
-
 def start_job(config: JobConfig) -> int:
     """Run the job here (or in the background with --detach) and print how it went."""
     try:
         return start_loaded_job(config)
     finally:
-        gc.unfreeze()  # (loading_for_good's, on every way out: no job's end gave it back)
+        thaw()  # (start_loaded_job's freeze, on every way out: base/interpreter.py)
         from launcher.run.early import close_early_agents
 
         close_early_agents()
 
 
 def start_loaded_job(config: JobConfig) -> int:
-    """``start_job``, whose start-up's objects stay out of the collections until it returns."""
-    with loading_for_good():
+    """``start_job``, whose modules load for good (``base/interpreter.py``): the collector off,
+    then what the process holds frozen until ``start_job`` returns."""
+    with loading(freeze=True):
         from launcher.run.early import start_agent_early
 
         environ = dict(os.environ)
