@@ -10,6 +10,7 @@ import pytest
 
 from launcher.base.errors import UsageError
 from launcher.core.command import LaunchSpec
+from launcher.core.config import compile_progress_regex
 from launcher.core.hosts import Host
 from launcher.core.outcome import RankState
 from launcher.core.progress import (
@@ -23,7 +24,6 @@ from launcher.core.progress import (
     ProgressStep,
     RankProgress,
     StragglerRule,
-    compile_progress_regex,
     describe_stragglers,
 )
 from launcher.streams.progressboard import ProgressBoard

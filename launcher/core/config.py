@@ -9,6 +9,7 @@ background half of ``--detach`` copies a config with ``dataclasses.replace``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeVar
@@ -21,6 +22,7 @@ DEFAULT_SSH_TIMEOUT_S = 10.0
 DEFAULT_HOST_TIMEOUT_S = 30.0
 DEFAULT_STRAGGLER_RATIO = 0.7  # --straggler-ratio: slower than this x the median...
 DEFAULT_STRAGGLER_AFTER_S = 30.0  # ...for this long (--straggler-after): named
+STEP_GROUP = "step"  # the --progress-regex group that holds the step, when it has several
 TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "task", "time")
 MapBy = Literal["slot", "node"]
 PerNode = Literal["auto", "gpu", "cpu"]  # --nproc-per-node by what each host has
@@ -232,8 +234,6 @@ def validate_config(config: JobConfig) -> JobConfig:
     if config.python is not None and config.no_python:
         raise UsageError("--python and --no-python both given", "use one of them")
     if config.progress_regex is not None:
-        from launcher.core.progress import compile_progress_regex  # (its regexes: when asked)
-
         compile_progress_regex(config.progress_regex)
     return config
 
@@ -326,6 +326,34 @@ def rank_set(ranks: Iterable[int]) -> str:
     if start is not None:
         parts.append(str(start) if start == previous else f"{start}-{previous}")
     return ",".join(parts)
+
+
+def compile_progress_regex(text: str) -> re.Pattern[bytes]:
+    """``--progress-regex``: a regular expression with one group (or a group named
+    ``step``) that holds the step; one line naming what is wrong otherwise."""
+    # As typed (repr would double its backslashes), in quotes as the shell takes it.
+    import shlex
+
+    quoted = shlex.quote(text) if "'" in text else f"'{text}'"
+    given = f"--progress-regex {quoted}"
+    try:
+        pattern = re.compile(text.encode("utf-8", "surrogateescape"))
+    except (re.error, OverflowError, RecursionError) as exc:
+        raise UsageError(
+            f"{given}: not a regular expression ({exc})",
+            r"write e.g. --progress-regex 'step (\d+)'",
+        ) from None
+    if pattern.groups == 0:
+        raise UsageError(
+            f"{given} has no group: it needs one around the step",
+            r"write e.g. --progress-regex 'step (\d+)'",
+        )
+    if pattern.groups > 1 and STEP_GROUP not in pattern.groupindex:
+        raise UsageError(
+            f"{given} has {pattern.groups} groups: which is the step?",
+            r"name it: e.g. --progress-regex '(epoch|step) (?P<step>\d+)'",
+        )
+    return pattern
 
 
 def check_tag_format(tag_format: str) -> None:

@@ -30,8 +30,12 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from launcher.base.errors import UsageError
-from launcher.core.config import DEFAULT_STRAGGLER_AFTER_S, DEFAULT_STRAGGLER_RATIO, rank_set
+from launcher.core.config import (
+    DEFAULT_STRAGGLER_AFTER_S,
+    DEFAULT_STRAGGLER_RATIO,
+    STEP_GROUP,
+    rank_set,
+)
 
 SAMPLE_EVERY_S = 0.5  # a rank's step is taken at most this often
 LOOK_AGAIN_S = 0.05  # a batch without a step: the rank's next batches are looked at after this
@@ -41,7 +45,6 @@ MAX_PROGRESS_LINE = 4096  # a longer line is no progress bar (not searched)
 MAX_COUNTERS = 4  # counters kept per rank (nested bars, a validation bar...)
 MIN_RANKS = 3  # fewer ranks with a rate: no median to tell a slow one by
 JOIN_S = 2 * SAMPLE_EVERY_S  # ranks this close behind one that is named are named with it
-STEP_GROUP = "step"  # the --progress-regex group that holds the step, when it has several
 
 SI = {b"": 1.0, b"k": 1e3, b"M": 1e6, b"G": 1e9, b"T": 1e12, b"P": 1e15}
 NUMBER = rb"\d+(?:\.\d+)?[kMGTP]?"  # tqdm's counts and rates, unit_scale's 1.23k included
@@ -107,34 +110,6 @@ def parse_metric_step(line: bytes) -> ProgressStep | None:
     if isinstance(value, float) and value >= 0:
         return ProgressStep(value, "metric")
     return None
-
-
-def compile_progress_regex(text: str) -> re.Pattern[bytes]:
-    """``--progress-regex``: a regular expression with one group (or a group named
-    ``step``) that holds the step; one line naming what is wrong otherwise."""
-    # As typed (repr would double its backslashes), in quotes as the shell takes it.
-    import shlex
-
-    quoted = shlex.quote(text) if "'" in text else f"'{text}'"
-    given = f"--progress-regex {quoted}"
-    try:
-        pattern = re.compile(text.encode("utf-8", "surrogateescape"))
-    except (re.error, OverflowError, RecursionError) as exc:
-        raise UsageError(
-            f"{given}: not a regular expression ({exc})",
-            r"write e.g. --progress-regex 'step (\d+)'",
-        ) from None
-    if pattern.groups == 0:
-        raise UsageError(
-            f"{given} has no group: it needs one around the step",
-            r"write e.g. --progress-regex 'step (\d+)'",
-        )
-    if pattern.groups > 1 and STEP_GROUP not in pattern.groupindex:
-        raise UsageError(
-            f"{given} has {pattern.groups} groups: which is the step?",
-            r"name it: e.g. --progress-regex '(epoch|step) (?P<step>\d+)'",
-        )
-    return pattern
 
 
 class ProgressParser:

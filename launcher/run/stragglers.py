@@ -16,14 +16,9 @@ from collections.abc import Callable
 
 from launcher.base.clock import Clock
 from launcher.base.log import LOG
-from launcher.core.config import JobConfig
+from launcher.core.config import JobConfig, compile_progress_regex
 from launcher.core.outcome import OutputSink
-from launcher.core.progress import (
-    ProgressParser,
-    StragglerRule,
-    compile_progress_regex,
-    describe_stragglers,
-)
+from launcher.core.progress import ProgressParser, StragglerRule, describe_stragglers
 from launcher.streams.jobdir import STRAGGLERS_LOG, JobDir, open_private
 from launcher.streams.progressboard import ProgressBoard
 
