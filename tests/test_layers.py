@@ -123,31 +123,46 @@ def called_name(call: ast.Call) -> str | None:
 
 def computed_imports(source: str, module: str) -> list[str]:
     """``module:Scope.function`` for each import by a name not written as a constant: a call
-    of ``import_module``/``__import__``/``defer_import`` with a computed name, and an f-string
-    that computes a ``launcher.`` module's name."""
+    of ``import_module``/``__import__``/``defer_import`` with a computed name, one of them
+    fetched by ``getattr``, and a ``launcher.`` module's name computed (an f-string, ``+``,
+    ``%`` or ``.format``)."""
     found: list[str] = []
 
     def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             scope = (*scope, node.name)
-        computed = (
-            isinstance(node, ast.Call)
-            and called_name(node) in IMPORTERS
-            and not (node.args and isinstance(node.args[0], ast.Constant))
-        ) or (
-            isinstance(node, ast.JoinedStr)
-            and bool(node.values)
-            and isinstance(node.values[0], ast.Constant)
-            and str(node.values[0].value).startswith("launcher.")
-            and not COMMAND_ENTRY.fullmatch(str(node.values[0].value))
-        )
-        if computed:
+        if hides_a_name(node):
             found.append(f"{module}:{'.'.join(scope)}")
         for child in ast.iter_child_nodes(node):
             visit(child, scope)
 
     visit(ast.parse(source), ())
     return found
+
+
+def names_a_module(node: ast.AST) -> bool:
+    """A string constant that starts a ``launcher.`` module's name (not a whole entry)."""
+    return (
+        isinstance(node, ast.Constant)
+        and str(node.value).startswith("launcher.")
+        and not COMMAND_ENTRY.fullmatch(str(node.value))
+    )
+
+
+def hides_a_name(node: ast.AST) -> bool:
+    if isinstance(node, ast.Call):
+        if called_name(node) in IMPORTERS:
+            return not (node.args and isinstance(node.args[0], ast.Constant))
+        if called_name(node) == "getattr" and len(node.args) > 1:
+            return isinstance(node.args[1], ast.Constant) and node.args[1].value in IMPORTERS
+        return isinstance(node.func, ast.Attribute) and (
+            node.func.attr == "format" and names_a_module(node.func.value)
+        )
+    if isinstance(node, ast.JoinedStr):
+        return bool(node.values) and names_a_module(node.values[0])
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mod):
+        return names_a_module(node.left)  # ('launcher.' + a) + b: the inner one, once
+    return False
 
 
 MODULES = sorted(LAUNCHER.rglob("*.py"))
@@ -220,6 +235,9 @@ def test_the_checker_sees_what_it_must() -> None:
         "        return __import__(f'launcher.{layer}.plan')\n"
         "    def entry(self, name):\n"
         "        return f'launcher.{name}:command'\n"
+        "def more(name, layer):\n"
+        "    table = {'a': 'launcher.' + layer + '.main:a', 'b': 'launcher.%s:b' % name}\n"
+        "    return getattr(importlib, 'import_module')('launcher.' + '{}'.format(name))\n"
         "def fine(name):\n"
         "    return importlib.import_module('launcher.core.plan'), f'launcher.cli.main:{name}'\n"
     )
@@ -228,6 +246,10 @@ def test_the_checker_sees_what_it_must() -> None:
         "launcher.core.probe:Group.pick",
         "launcher.core.probe:Group.pick",  # the call, and the f-string that computes its name
         "launcher.core.probe:Group.entry",
+        "launcher.core.probe:more",  # 'launcher.' + layer + ...
+        "launcher.core.probe:more",  # 'launcher.%s:b' % name
+        "launcher.core.probe:more",  # getattr(importlib, 'import_module')
+        "launcher.core.probe:more",  # 'launcher.' + ...
     ]
 
 
