@@ -1,31 +1,19 @@
-"""The interpreter's pace while dtrain loads and ranks start (base layer): thread switching
-and the cyclic collector.  The start-up GC protocol, all of it here:
+"""The interpreter's pace while dtrain loads and ranks start (base layer): the start-up GC
+protocol and thread switching, all of it here.  Settings are counted: several jobs may run
+in one process (a sweep, the Python API); the process's own come back after the last.
 
-* Loading (``loading``): importing makes long-lived objects and no garbage, and the
-  collector would look at them again and again meanwhile (and at every full collection
-  after).  ``import launcher`` loads the code cache with the collector off; the ``dtrain``
-  command loads click and its commands (``cli/entry.py``), then the job's modules
-  (``cli/main.start_loaded_job``), with it off and then frozen (``gc.freeze``): about a
-  twentieth of a short local job's launcher.  ``thaw`` (``cli/main.start_job``, on every
-  way out) or the last job's end gives it back.  A program that imports dtrain (the API)
-  loads it as any module.
-* While ranks start (``Interpreter.starting_ranks``): a launcher is one loop and many
-  threads that mostly wait on I/O (the ranks' readers, the job directory's writer, the SSH
-  pumps).  While the loop starts thousands of ranks it is busy for seconds, and two of
-  CPython's defaults work against the other threads meanwhile.  Threads switch every 5 ms
-  (``sys.getswitchinterval``): each file operation of the job directory's writer lets the
-  GIL go and got it back from the busy loop only when the interval was over, so the writer
-  fell seconds behind and the job's end waited for it (at 1,000 simulated hosts); they
-  switch every ``START_SWITCH_S`` instead.  And the collector runs a full collection each
-  time its objects have grown by a quarter: starting 8,000 ranks makes some fifty
-  long-lived objects for each (six full collections of half a million objects, a fifth of
-  the job's CPU time), and no garbage cycles to speak of, so it is held off.
-* Once they have started (``Interpreter.freeze``), what the job holds is moved out of the
-  collector's reach until the last job's end (``Interpreter.running_job``), so that the
-  collections of a running job look only at what is new.
-
-Settings are counted: several jobs may run at once in one process (a sweep, the Python
-API), and the process's own settings come back when the last one is done with them.
+* ``loading``: imports make long-lived objects and no garbage, which the collector would
+  look at again and again.  ``import launcher`` loads the code cache with it off; the
+  ``dtrain`` command loads click and its commands (``cli/entry.py``), then the job's
+  modules (``cli/main.start_loaded_job``), with it off and then frozen (``gc.freeze``)
+  until ``thaw`` or the last job's end: a twentieth of a short local job's launcher.
+* ``Interpreter.starting_ranks``: while the loop starts thousands of ranks (busy for
+  seconds), the other threads (readers, the job directory's writer, SSH pumps) get the GIL
+  every ``START_SWITCH_S``, not CPython's 5 ms (the writer fell seconds behind at 1,000
+  simulated hosts), and the collector is held off (8,000 ranks make some fifty long-lived
+  objects each: six full collections of half a million objects, a fifth of the job's CPU).
+* ``Interpreter.freeze``: once they have started, what the job holds is out of the
+  collector's reach until the last job's end (``running_job``).
 """
 
 from __future__ import annotations

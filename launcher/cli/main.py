@@ -206,8 +206,7 @@ def start_job(config: JobConfig) -> int:
 
 
 def start_loaded_job(config: JobConfig) -> int:
-    """``start_job``, whose modules load for good (``base/interpreter.py``): the collector off,
-    then what the process holds frozen until ``start_job`` returns."""
+    """``start_job``, its modules loaded for good (frozen until it returns: base/interpreter)."""
     with loading(freeze=True):
         from launcher.run.early import start_agent_early
 

@@ -21,16 +21,9 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from launcher.core.config import JobConfig, config_to_json
-from launcher.run.background import STOP_EXTRA_S, write_starting
-from launcher.streams.jobdir import (
-    LAUNCH_FILE,
-    LAUNCHER_LOG,
-    STOP_MARK,
-    JobDir,
-    open_private,
-    write_json,
-)
+from launcher.core.config import JobConfig
+from launcher.run.background import STOP_EXTRA_S, write_launch_file, write_starting
+from launcher.streams.jobdir import LAUNCHER_LOG, STOP_MARK, JobDir, open_private
 
 
 class AttachedLauncher:
@@ -40,8 +33,7 @@ class AttachedLauncher:
         job_id = config.job_id or ""
         self.job = JobDir.create(root, job_id, {"id": job_id, "command": list(config.command)})
         self.grace_s = config.grace_s
-        launch_file = self.job.path / LAUNCH_FILE
-        write_json(launch_file, config_to_json(config))
+        launch_file = write_launch_file(self.job, config)
         with open_private(self.job.path / LAUNCHER_LOG, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", entry, str(launch_file)],

@@ -52,12 +52,11 @@ from launcher.run.stragglers import ProgressWatch
 from launcher.run.survey import Survey
 from launcher.streams.jobdir import (
     COORDINATOR,
-    META,
     STOP_MARK,
     TF_CONFIG,
     JobDir,
-    open_private,
     write_json,
+    write_text,
 )
 from launcher.streams.joblist import jobs_root
 from launcher.streams.outlets import Fanout, Outlet
@@ -455,8 +454,7 @@ class Attempt:
         tf_config = next(s.env["TF_CONFIG"] for s in specs if s.role == "chief")
         export = f"export TF_CONFIG='{tf_config}' GRPC_FAIL_FAST=use_caller"
         write_json(job.path / TF_CONFIG, json.loads(tf_config))
-        with open_private(job.path / COORDINATOR, "wb") as f:
-            f.write(f"{export}\n".encode())
+        write_text(job.path / COORDINATOR, f"{export}\n")
         cluster = json.dumps(json.loads(tf_config)["cluster"], separators=(",", ":"))
         for line in (
             "dtrain: TensorFlow cluster:",
@@ -493,8 +491,7 @@ class Attempt:
             "launcher_pid": os.getpid(),
         }
         if (root / self.job_id).is_dir():  # made by --detach before this launcher started
-            write_json(root / self.job_id / META, meta)
-            return JobDir(root / self.job_id)
+            return JobDir(root / self.job_id).write_meta(meta)
         return JobDir.create(root, self.job_id, meta)
 
 

@@ -27,7 +27,6 @@ from launcher.streams.jobdir import (
     ACTIVE,
     LAUNCH_FILE,
     LAUNCHER_LOG,
-    STATUS,
     STOP_MARK,
     JobDir,
     open_private,
@@ -59,8 +58,7 @@ def start_launcher(
     """``python -m launcher _resume`` for the job, in a session of its own, its output to
     ``launcher.log``.  The config (with -x values) goes through a 0600 file, never the
     command line (ps); this process speaks for the job until the launcher does."""
-    payload = job.path / LAUNCH_FILE
-    write_json(payload, config_to_json(config))
+    payload = write_launch_file(job, config)
     write_starting(job, os.getpid())
     with open_private(job.path / LAUNCHER_LOG, "wb") as log:
         return subprocess.Popen(
@@ -99,10 +97,15 @@ def start_detached(config: JobConfig, root: Path, environ: Mapping[str, str]) ->
     return Detached(job_id)
 
 
+def write_launch_file(job: JobDir, config: JobConfig) -> Path:
+    """The config a background launcher reads (and removes): a 0600 file, never its argv."""
+    write_json(job.path / LAUNCH_FILE, config_to_json(config))
+    return job.path / LAUNCH_FILE
+
+
 def write_starting(job: JobDir, pid: int) -> None:
     """The job is starting, and ``pid`` answers for it (not "lost" while it starts)."""
-    write_json(
-        job.path / STATUS,
+    job.write_status(
         {
             "id": job.id,
             "state": "starting",
@@ -110,7 +113,7 @@ def write_starting(job: JobDir, pid: int) -> None:
             "launcher_start": process_start(pid),
             "launcher_host": socket.gethostname(),
             "ranks": {},
-        },
+        }
     )
 
 

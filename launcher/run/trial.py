@@ -23,15 +23,7 @@ from typing import Any
 from launcher.core.config import JobConfig, ViewConfig
 from launcher.core.sweep import Trial, Value, parse_metric_json, parse_metric_line, trial_env
 from launcher.run.background import start_launcher
-from launcher.streams.jobdir import (
-    ACTIVE,
-    LAUNCHER_LOG,
-    METRICS,
-    RANK_LOGS,
-    STATUS,
-    JobDir,
-    write_json,
-)
+from launcher.streams.jobdir import ACTIVE, LAUNCHER_LOG, METRICS, RANK_LOGS, JobDir
 
 SCAN_CHUNK = 1 << 20  # bytes of a trial's logs read per look (the rest on the next one)
 MAX_LINE = 64 * 1024  # a longer line is skipped by the metrics reader (never held whole)
@@ -181,5 +173,5 @@ def outcome_of(job: JobDir, returncode: int, stopping: bool) -> tuple[str, int]:
     if state in ACTIVE or state is None:  # its launcher never recorded the end: we do
         status.update(state="stopped" if outcome == "stopped" else "failed", exit_code=code)
         with contextlib.suppress(OSError):
-            write_json(job.path / STATUS, status)
+            job.write_status(status)
     return outcome, code

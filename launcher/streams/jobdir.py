@@ -1,10 +1,6 @@
-"""One job's directory: its layout (the names below, used by every module that reads or
-writes one), its files read back and written privately (streams layer).
-
-A job lives in ``<root>/<id>/`` (root ``~/.dtrain/jobs`` unless ``--job-dir``; the jobs
-under a root are found by ``streams/joblist.py``).  ``streams/recorder.py`` writes them
-while the job runs, ``streams/joblogs.py`` reads the rank logs back for ``dtrain logs``.
-"""
+"""One job's directory, ``<root>/<id>/`` (streams layer): its layout (the names below, the
+only spelling of them), its files read back and written privately.  ``streams/recorder.py``
+writes them while the job runs, ``streams/joblogs.py`` reads the rank logs back."""
 
 from __future__ import annotations
 
@@ -29,8 +25,7 @@ PLAN = "plan.json"  # the ranks as ``--dry-run --json`` shows them
 STATUS = "status.json"  # the job state and every rank's host, pid, start, end, status
 ATTEMPTS = "attempts.json"  # with --max-restarts: each attempt's start, end, exit, failure
 RANK_LOGS = "rank.*.log"  # ``rank_log``: '<unix time> <o|e> <text>' (o: stdout, e: stderr)
-LAUNCHER_LOG = "launcher.log"  # a background launcher's own stdout and stderr
-LAUNCH_FILE = "launch.json"  # a background launcher's config; it removes the file once read
+LAUNCH_FILE, LAUNCHER_LOG = "launch.json", "launcher.log"  # a background launcher's: in, out
 STRAGGLERS_LOG = "stragglers.log"  # '<unix time> <the notice>' lines
 STACKS = "stacks.txt"  # every rank's stack at a hang, appended
 CONTROL_SOCKET = "control.sock"  # where the running launcher answers (``streams/control.py``)
@@ -160,9 +155,14 @@ class JobDir:
                 "give a directory you can write to",
             ) from None
         check_root(root, "--job-dir")  # (again: one made by another user just before ours)
-        job = JobDir(path)
-        write_json(path / META, dict(meta))
-        return job
+        return JobDir(path).write_meta(meta)
+
+    def write_meta(self, meta: Mapping[str, object]) -> JobDir:
+        write_json(self.path / META, dict(meta))
+        return self
+
+    def write_status(self, status: Mapping[str, object]) -> None:
+        write_json(self.path / STATUS, dict(status))
 
     def log_path(self, rank: int) -> Path:
         return self.path / rank_log(rank)

@@ -264,7 +264,7 @@ def end_record(job: JobDir, exit_code: int) -> None:
     status = job.status()
     status.update(state="failed" if exit_code else "succeeded", exit_code=exit_code)
     try:
-        write_json(job.path / STATUS, status)
+        job.write_status(status)
     except OSError:
         pass  # a full disk: the launcher's exit code still says it
 
