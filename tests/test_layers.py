@@ -13,6 +13,7 @@ name computed at run time cannot be read, so it is refused outside the places li
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -121,7 +122,7 @@ def called_name(call: ast.Call) -> str | None:
     return call.func.attr if isinstance(call.func, ast.Attribute) else None
 
 
-def computed_imports(source: str, module: str) -> list[str]:
+def computed_imports(tree: ast.AST, module: str) -> list[str]:
     """``module:Scope.function`` for each import by a name not written as a constant: a call
     of ``import_module``/``__import__``/``defer_import`` with a computed name, one of them
     fetched by ``getattr``, and a ``launcher.`` module's name computed (an f-string, ``+``,
@@ -136,7 +137,7 @@ def computed_imports(source: str, module: str) -> list[str]:
         for child in ast.iter_child_nodes(node):
             visit(child, scope)
 
-    visit(ast.parse(source), ())
+    visit(tree, ())
     return found
 
 
@@ -166,6 +167,14 @@ def hides_a_name(node: ast.AST) -> bool:
 
 
 MODULES = sorted(LAUNCHER.rglob("*.py"))
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A module's tree, parsed once for the tests that walk every module."""
+    return ast.parse(path.read_text())
+
+
 IDS = [dotted_name(p) for p in MODULES]
 
 
@@ -241,7 +250,7 @@ def test_the_checker_sees_what_it_must() -> None:
         "def fine(name):\n"
         "    return importlib.import_module('launcher.core.plan'), f'launcher.cli.main:{name}'\n"
     )
-    assert computed_imports(computed, "launcher.core.probe") == [
+    assert computed_imports(ast.parse(computed), "launcher.core.probe") == [
         "launcher.core.probe:load",
         "launcher.core.probe:Group.pick",
         "launcher.core.probe:Group.pick",  # the call, and the f-string that computes its name
@@ -264,7 +273,7 @@ def test_functions_stay_short() -> None:
     long = [
         f"{dotted_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
         for path in MODULES
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(parsed(path))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and node.end_lineno is not None
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
@@ -276,7 +285,7 @@ def test_imports_by_computed_name_stand_only_where_listed() -> None:
     """A module name computed at run time hides an import from the checks above: it is
     allowed only in COMPUTED_IMPORTS's places (each says why the checker still sees it)."""
     found = sorted(
-        place for path in MODULES for place in computed_imports(path.read_text(), dotted_name(path))
+        place for path in MODULES for place in computed_imports(parsed(path), dotted_name(path))
     )
     assert found == sorted(COMPUTED_IMPORTS)
 
@@ -286,7 +295,7 @@ def test_lazy_commands_name_what_exists() -> None:
     entries = [
         match
         for path in MODULES
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(parsed(path))
         if isinstance(node, ast.Constant) and isinstance(node.value, str)
         if (match := COMMAND_ENTRY.fullmatch(node.value))
     ]
@@ -295,7 +304,7 @@ def test_lazy_commands_name_what_exists() -> None:
         module, _, attribute = entry.group(0).partition(":")
         path = LAUNCHER.joinpath(*module.split(".")[1:]).with_suffix(".py")
         assert path.is_file(), f"{entry.group(0)}: no module {module}"
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         defined = {
             node.name
             for node in tree.body
@@ -314,7 +323,7 @@ def test_classes_stay_small() -> None:
     large = [
         f"{dotted_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
         for path in MODULES
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(parsed(path))
         if isinstance(node, ast.ClassDef)
         and node.end_lineno is not None
         and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
