@@ -20,10 +20,10 @@ from launcher.core.config import (
     SshConfig,
     ViewConfig,
     config_from_json,
-    config_from_options,
     config_to_json,
     validate_config,
 )
+from launcher.core.optionvalues import config_from_options
 
 BASE = JobConfig(command=("python", "train.py"))
 

@@ -27,7 +27,8 @@ from launcher.cli.help import GroupedCommand
 from launcher.cli.lazygroup import LazyGroup
 from launcher.cli.options import COMMAND, CONTEXT, COUNT, JOB_COMMAND, job_options, option
 from launcher.cli.projectfile import with_project_file
-from launcher.core.config import JobConfig, MpiConfig, PsConfig, config_from_options, pick
+from launcher.core.config import JobConfig, MpiConfig, PsConfig, pick
+from launcher.core.optionvalues import config_from_options
 
 # The other commands, by concern; each module loads when its command is named (lazygroup.py).
 ELSEWHERE = {

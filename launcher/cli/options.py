@@ -2,7 +2,7 @@
 config field it sets.
 
 The command modules (``main.py``, ``sweepcmd.py``, ``exportcmd.py``) apply these
-to their commands; ``config.config_from_options`` turns the parsed values into
+to their commands; ``optionvalues.config_from_options`` turns the parsed values into
 a ``JobConfig`` by those names, so a flag's journey starts here: ``-x exports``
 fills ``EnvConfig.exports``.  ``help.py`` says under which heading each shows.
 """

@@ -118,7 +118,8 @@ def sweep_command(**options: Any) -> int:
       dtrain sweep --np-per-trial 2 --grid lr=0.1,0.01 ddp.py --lr {lr}
       dtrain sweep --resume SWEEP          # the trials that did not finish
     """
-    from launcher.core.config import config_from_options, pick
+    from launcher.core.config import pick
+    from launcher.core.optionvalues import config_from_options
     from launcher.run import sweepstart
     from launcher.run.sweeprun import SweepRunner
     from launcher.streams.joblist import jobs_root

@@ -15,12 +15,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
 
 from launcher.base.errors import PlanError, UsageError
-
-if TYPE_CHECKING:
-    from launcher.core.config import JobConfig
 
 # Every rank is a process dtrain starts, watches and lists in the plan (a dry run of 10,000
 # ranks takes about 2 s), and the largest GPU clusters built have about 100,000 GPUs.
@@ -143,51 +139,6 @@ DURATIONS: tuple[tuple[str, str, float, float], ...] = (
     ("view.collapse_window_s", "--collapse-window", 0.01, 60.0),
     ("straggler_after_s", "--straggler-after", 0.1, MAX_SECONDS),
 )
-
-
-def check_job_bounds(config: JobConfig) -> None:
-    """Every count, duration, port and name of a config within its bounds (one line naming
-    the flag otherwise): what ``validate_config`` checks before anything is planned."""
-    placement = config.placement
-    check_count("-np", placement.np, 1, MAX_RANKS)
-    check_count("--min-np", placement.min_np, 1, MAX_RANKS)
-    check_count("--max-np", placement.max_np, 1, MAX_RANKS)
-    check_count("--nnodes", placement.nnodes, 1, MAX_HOSTS)
-    if isinstance(placement.nproc_per_node, int):
-        per_node = placement.nproc_per_node
-        check_count("--nproc-per-node", per_node, 1, MAX_RANKS)
-        ranks = per_node * (placement.nnodes or 1)
-        check_total("--nproc-per-node x --nnodes", [ranks], MAX_RANKS, "ranks")
-    check_count("--gpus-per-rank", placement.gpus_per_rank, 1, MAX_GPUS_PER_RANK)
-    check_count("--max-restarts", config.max_restarts, 0, MAX_RESTARTS)
-    check_port("--master-port", placement.master_port, 29500)
-    check_port("--ssh-port", config.ssh.port, 22)
-    if placement.master_addr is not None:
-        from launcher.core.hosts import check_host_name  # (dtrain --help need not load it)
-
-        try:
-            check_host_name(placement.master_addr, "--master-addr")
-        except UsageError as exc:  # (its hint is about -H's syntax)
-            hint = "give a host name or an IP address, e.g. --master-addr node1 or 10.0.0.1"
-            raise UsageError(exc.message, hint) from None
-    check_interfaces("--network-interface", config.env.nics)
-    for path, flag, low, high in DURATIONS:
-        check_seconds(flag, field_value(config, path), low, high)
-    check_ratio("--straggler-ratio", config.straggler_ratio)
-    if config.ps is not None:
-        check_count("--workers", config.ps.workers, 1, MAX_RANKS)
-        check_count("--ps", config.ps.ps_tasks, 1, MAX_RANKS)
-        check_count("--restart-workers", config.ps.restart_workers, 0, MAX_RESTARTS)
-        tasks = (config.ps.workers, config.ps.ps_tasks, 1, int(config.ps.evaluator))  # +chief
-        check_total("--workers and --ps", tasks, MAX_RANKS, "tasks")
-
-
-def field_value(config: JobConfig, path: str) -> Any:
-    """``ssh.timeout_s`` of a config: the field of a concern, or of the config itself."""
-    value: Any = config
-    for name in path.split("."):
-        value = getattr(value, name)
-    return value
 
 
 def check_world_size(ranks: int) -> None:

@@ -15,7 +15,19 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
 from launcher.base.errors import UsageError
-from launcher.core.bounds import DIGITS, MAX_HOSTS, MAX_RANKS, check_job_bounds, parse_count
+from launcher.core.bounds import (
+    DURATIONS,
+    MAX_GPUS_PER_RANK,
+    MAX_HOSTS,
+    MAX_RANKS,
+    MAX_RESTARTS,
+    check_count,
+    check_interfaces,
+    check_port,
+    check_ratio,
+    check_seconds,
+    check_total,
+)
 
 DEFAULT_GRACE_S = 5.0
 DEFAULT_SSH_TIMEOUT_S = 10.0
@@ -238,6 +250,51 @@ def validate_config(config: JobConfig) -> JobConfig:
     return config
 
 
+def check_job_bounds(config: JobConfig) -> None:
+    """Every count, duration, port and name of a config within its bounds (one line naming
+    the flag otherwise): what ``validate_config`` checks before anything is planned."""
+    placement = config.placement
+    check_count("-np", placement.np, 1, MAX_RANKS)
+    check_count("--min-np", placement.min_np, 1, MAX_RANKS)
+    check_count("--max-np", placement.max_np, 1, MAX_RANKS)
+    check_count("--nnodes", placement.nnodes, 1, MAX_HOSTS)
+    if isinstance(placement.nproc_per_node, int):
+        per_node = placement.nproc_per_node
+        check_count("--nproc-per-node", per_node, 1, MAX_RANKS)
+        ranks = per_node * (placement.nnodes or 1)
+        check_total("--nproc-per-node x --nnodes", [ranks], MAX_RANKS, "ranks")
+    check_count("--gpus-per-rank", placement.gpus_per_rank, 1, MAX_GPUS_PER_RANK)
+    check_count("--max-restarts", config.max_restarts, 0, MAX_RESTARTS)
+    check_port("--master-port", placement.master_port, 29500)
+    check_port("--ssh-port", config.ssh.port, 22)
+    if placement.master_addr is not None:
+        from launcher.core.hosts import check_host_name  # (dtrain --help need not load it)
+
+        try:
+            check_host_name(placement.master_addr, "--master-addr")
+        except UsageError as exc:  # (its hint is about -H's syntax)
+            hint = "give a host name or an IP address, e.g. --master-addr node1 or 10.0.0.1"
+            raise UsageError(exc.message, hint) from None
+    check_interfaces("--network-interface", config.env.nics)
+    for path, flag, low, high in DURATIONS:
+        check_seconds(flag, field_value(config, path), low, high)
+    check_ratio("--straggler-ratio", config.straggler_ratio)
+    if config.ps is not None:
+        check_count("--workers", config.ps.workers, 1, MAX_RANKS)
+        check_count("--ps", config.ps.ps_tasks, 1, MAX_RANKS)
+        check_count("--restart-workers", config.ps.restart_workers, 0, MAX_RESTARTS)
+        tasks = (config.ps.workers, config.ps.ps_tasks, 1, int(config.ps.evaluator))  # +chief
+        check_total("--workers and --ps", tasks, MAX_RANKS, "tasks")
+
+
+def field_value(config: JobConfig, path: str) -> Any:
+    """``ssh.timeout_s`` of a config: the field of a concern, or of the config itself."""
+    value: Any = config
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
 def check_elastic(placement: PlacementConfig) -> None:
     low, high = placement.min_np, placement.max_np
     if low is not None and high is not None and low > high:
@@ -380,159 +437,6 @@ def check_tag_format(tag_format: str) -> None:
         raise UsageError(
             f"--tag-format {tag_format!r}: {exc}", "write e.g. '[{rank}@{host}]'"
         ) from None
-
-
-def config_from_options(
-    options: Mapping[str, Any], ps: PsConfig | None = None, mpi: MpiConfig | None = None
-) -> JobConfig:
-    """``dtrain run``'s or ``dtrain ps``'s options as one value: each option is named as the
-    field it sets (ps has no -np, --tf...: those keep their defaults)."""
-    options = with_peer_meanings(options)
-    if mpi is None:
-        check_mpi_only(options)
-    if options.get("verbose"):  # dtrain's steps go between the lines: no live area
-        options["plain"] = True
-    return JobConfig(
-        placement=pick(PlacementConfig, options),
-        env=pick(EnvConfig, options),
-        ssh=pick(SshConfig, options),
-        view=pick(ViewConfig, options),
-        ps=ps,
-        mpi=mpi,
-        **{name: options.get(name, default) for name, default in job_fields().items()},
-    )
-
-
-# mpirun's own settings: without --mpi nothing reads them, so giving one is a mistake to say.
-MPI_ONLY = (("mca", "--mca"), ("mpirun", "--mpirun"), ("mpirun_args", "--mpirun-args"))
-
-
-def check_mpi_only(options: Mapping[str, Any]) -> None:
-    for name, flag in MPI_ONLY:
-        if options.get(name):
-            raise UsageError(
-                f"{flag} is for jobs run through mpirun, and --mpi is not given",
-                f"add --mpi, or drop {flag}",
-            )
-
-
-NESTED = ("placement", "env", "ssh", "view", "ps", "mpi", "job_id")
-
-
-def job_fields() -> dict[str, Any]:
-    """JobConfig's own options (not a concern's) with their defaults: what the commands give."""
-    return {f.name: f.default for f in fields(JobConfig) if f.name not in NESTED}
-
-
-def with_peer_meanings(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Values in other launchers' forms, in dtrain's: ``--map-by ppr:2:node``,
-    ``--nproc-per-node auto``, ``--nnodes 2:2``, ``--rdzv-endpoint host:port``, ..."""
-    result = dict(options)
-    if isinstance(result.get("map_by"), str):
-        result.update(parse_map_by(result["map_by"], result.get("nproc_per_node")))
-    if isinstance(result.get("nproc_per_node"), str):
-        result["nproc_per_node"] = parse_per_node(result["nproc_per_node"])
-    if isinstance(result.get("nnodes"), str):
-        result["nnodes"] = parse_nnodes(result["nnodes"])
-    if result.get("rdzv_endpoint"):
-        host, _, port = str(result.pop("rdzv_endpoint")).rpartition(":")
-        if not host or not DIGITS.fullmatch(port) or len(port) > 5:
-            raise UsageError(
-                f"--rdzv-endpoint {options['rdzv_endpoint']}: expected HOST:PORT",
-                "write e.g. --rdzv-endpoint node1:29400",
-            )
-        result["master_addr"], result["master_port"] = host.strip("[]"), int(port)
-    launcher = result.pop("launcher", None)
-    if launcher is not None and launcher not in ("pdsh", "ssh", "openmpi"):
-        raise UsageError(
-            f"--launcher {launcher}: dtrain starts ranks over ssh, or through mpirun with --mpi",
-            "use --launcher pdsh (the default) or openmpi (--mpi)",
-        )
-    address = result.get("master_addr")
-    if isinstance(address, str) and address.startswith("[") and address.endswith("]"):
-        result["master_addr"] = address[1:-1]  # an IPv6 address as in -H: MASTER_ADDR has none
-    if result.get("redirects") is not None:
-        result.update(parse_redirects(str(result.pop("redirects"))))
-    return result
-
-
-def parse_redirects(text: str) -> dict[str, Any]:
-    """torchrun's ``--redirects``: 1 stdout, 2 stderr, 3 both go to the files only (dtrain's
-    job directory and --output-dir always have them): off the terminal."""
-    hidden = {"0": (), "1": ("stdout",), "2": ("stderr",), "3": ("stdout", "stderr")}
-    if text.strip() not in hidden:
-        raise UsageError(
-            f"--redirects {text}: dtrain takes 0, 1, 2 or 3 for every rank",
-            "choose the ranks the terminal shows with --ranks or --local-ranks",
-        )
-    streams = hidden[text.strip()]
-    return {"quiet": True} if len(streams) == 2 else {"hide": streams}
-
-
-def parse_map_by(text: str, per_node: object) -> dict[str, Any]:
-    """mpirun's ``--map-by``: slot, node, core (as slot), ``ppr:N:node``; ``:OVERSUBSCRIBE``."""
-    base, *modifiers = text.split(":")
-    found: dict[str, Any] = {"map_by": "slot"}
-    if base.lower() == "ppr" and len(modifiers) >= 2 and modifiers[1].lower() == "node":
-        try:
-            count = parse_count("N", modifiers[0], MAX_RANKS)
-        except UsageError:  # (its words would be "--map-by ppr:N:node 0", no line to type)
-            shown = text if len(text) <= 40 else text[:40] + "..."
-            raise UsageError(
-                f"--map-by {shown}: N of ppr:N:node must be from 1 to {MAX_RANKS:,}",
-                "write e.g. --map-by ppr:2:node",
-            ) from None
-        if count is None:
-            raise UsageError(
-                f"--map-by {text}: ppr needs a count", "write e.g. --map-by ppr:2:node"
-            )
-        if per_node is not None:
-            raise UsageError(f"--map-by {text} and --nproc-per-node both given", "use one of them")
-        found["nproc_per_node"], modifiers = count, modifiers[2:]
-    elif base.lower() in ("slot", "node", "core"):
-        found["map_by"] = "node" if base.lower() == "node" else "slot"
-    else:
-        raise UsageError(
-            f"--map-by {text}: dtrain maps by slot, node (round robin) or ppr:N:node",
-            "for per-socket placement use --nproc-per-node with --bind-to socket",
-        )
-    for modifier in modifiers:
-        if modifier.upper() not in ("OVERSUBSCRIBE", "NOOVERSUBSCRIBE"):
-            raise UsageError(
-                f"--map-by {text}: unknown modifier {modifier!r}",
-                "dtrain takes :OVERSUBSCRIBE; bind CPUs with --bind-to core",
-            )
-        if modifier.upper() == "OVERSUBSCRIBE":
-            found["oversubscribe"] = True
-    return found
-
-
-def parse_per_node(text: str) -> int | PerNode:
-    """``--nproc-per-node``: a count, or auto (GPUs, else cores), gpu, cpu (torchrun's)."""
-    word = text.strip().lower()
-    if word in ("auto", "gpu", "cpu"):
-        return word  # type: ignore[return-value]
-    count = parse_count("--nproc-per-node", word, MAX_RANKS)
-    if count is not None:
-        return count
-    raise UsageError(
-        f"--nproc-per-node {text}: expected a number, auto, gpu or cpu",
-        "write e.g. --nproc-per-node 4 (auto: one per GPU, else one per core)",
-    )
-
-
-def parse_nnodes(text: str) -> int:
-    """``--nnodes N`` (or torchrun's ``N:N``); an elastic MIN:MAX range is refused."""
-    low, colon, high = text.strip().partition(":")
-    count = parse_count("--nnodes", low, MAX_HOSTS)
-    if count is not None and (not colon or high == low):
-        return count
-    if colon and DIGITS.fullmatch(low) and DIGITS.fullmatch(high):
-        raise UsageError(
-            f"--nnodes {text}: elastic node ranges are not supported yet",
-            f"give the number of hosts, e.g. --nnodes {high}",
-        )
-    raise UsageError(f"--nnodes {text}: expected a number of hosts", "write e.g. --nnodes 2")
 
 
 C = TypeVar("C")

@@ -2,7 +2,7 @@
 
 ``dtrain export slurm`` writes an sbatch script (``core/sbatch.py``), ``dtrain export k8s``
 a Kubeflow manifest (``core/manifest.py``).  Both start from the same ``JobConfig`` as
-``dtrain run`` (``config.config_from_options``), so the flags mean what they mean there,
+``dtrain run`` (``optionvalues.config_from_options``), so the flags mean what they mean there,
 and both lay the ranks out by the same shape: ranks, nodes and ranks per node.
 
 Nothing here reads a file or the environment: ``-x``/``--env-file`` values arrive resolved.
@@ -20,9 +20,9 @@ from launcher.core.config import (
     JobConfig,
     PlacementConfig,
     PsConfig,
-    config_from_options,
     validate_config,
 )
+from launcher.core.optionvalues import config_from_options
 
 INTERPRETER = re.compile(r"(.*/)?python[0-9.]*\Z")
 
