@@ -262,6 +262,38 @@ def test_the_checker_sees_what_it_must() -> None:
     ]
 
 
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph`` (module -> the modules it imports): each set of modules that
+    import each other, through however many others, sorted."""
+    circles: list[list[str]] = []
+    for module in sorted(graph):
+        if any(module in reachable(graph, other) for other in graph[module]):
+            circle = sorted(m for m in reachable(graph, module) if module in reachable(graph, m))
+            if circle not in circles:
+                circles.append(circle)
+    return circles
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """``start`` and every module it imports, through however many others."""
+    reached, todo = {start}, [start]
+    while todo:
+        for other in graph[todo.pop()]:
+            if other not in reached:
+                reached.add(other)
+                todo.append(other)
+    return reached
+
+
+def test_no_import_circles() -> None:
+    """No module imports itself through others, whether the imports stand at the top, inside
+    functions or under TYPE_CHECKING (a circle hides what depends on what)."""
+    names = {dotted_name(path): path for path in MODULES}
+    graph = {name: imported(path) & set(names) for name, path in names.items()}
+    assert import_circles(graph) == []
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
 @pytest.mark.parametrize("path", MODULES, ids=IDS)
 def test_modules_stay_small(path: Path) -> None:
     lines = len(path.read_text().splitlines())

@@ -23,7 +23,7 @@ import click
 from launcher.base.errors import UsageError
 from launcher.cli.keywords import Flag, option_arguments
 from launcher.cli.keywords import option_flags as keyword_flags
-from launcher.cli.projectfile import API_CALL
+from launcher.cli.projectfile import API_CALL, GROUP
 from launcher.core.config import JobConfig
 
 # Options the API sets itself, with what to do instead.
@@ -79,7 +79,7 @@ def build_config(
 ) -> JobConfig:
     """The job's config, exactly as ``dtrain run OPTIONS -m -- PROGRAM`` makes it; ``payload``:
     ``NAME=VALUE`` variables every rank gets (as ``-x``), after the user's."""
-    from launcher.cli.main import run, run_config
+    from launcher.cli.main import cli, run, run_config
 
     args = run_arguments(options, run)
     args += [arg for item in payload for arg in ("-x", item)]
@@ -88,6 +88,7 @@ def build_config(
         # The project file's values go under every keyword given, quiet=False too (a flag
         # without a --no- form has no argument for False): its messages name keywords.
         context.meta[API_CALL] = given_options(options, run)
+        context.meta[GROUP] = cli  # (the project file's other tables are its commands')
         with context:
             return run_config(dict(context.params))
     except click.ClickException as exc:

@@ -40,6 +40,7 @@ PYPROJECT_TABLE = ("tool", "dtrain")
 NAMES_DTRAIN = r"""^\s*((\[\s*)?tool\s*\.\s*["']?dtrain\b|["']?dtrain["']?\s*=)"""
 MANUAL_HINT = "see docs/project-file.md"
 API_CALL = "dtrain.api_call"  # ctx.meta key: launch()'s, the options its keywords give
+GROUP = "dtrain.group"  # ctx.meta key: launch()'s, the command group whose run it parses with
 PATH_METAVARS: dict[str, PathKind] = {
     "FILE": "file",
     "DIR": "file",
@@ -308,11 +309,16 @@ def toml_error(exc: ValueError) -> str:
 
 def project_commands(name: str, command: click.Command) -> dict[str, click.Command]:
     """The commands of the file's tables (a mistake anywhere in the file is said), with
-    ``name``'s own ``command`` (the API parses with ``run`` outside the group)."""
-    from launcher.cli.main import cli
+    ``name``'s own ``command``: the group's, that the command line was parsed in, or (the API
+    parses with ``run`` outside the group) the one its context names under ``GROUP``."""
+    import click
+
     from launcher.core.projectfile import SECTIONS
 
-    commands = {section: cli.commands[section] for section in SECTIONS[1:]}
+    ctx = click.get_current_context()
+    group = ctx.meta.get(GROUP, ctx.find_root().command)
+    assert isinstance(group, click.Group), group
+    commands = {section: group.commands[section] for section in SECTIONS[1:]}
     commands[name] = command
     return commands
 
