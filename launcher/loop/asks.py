@@ -4,12 +4,19 @@ stacks (a hang, ``dtrain stacks``) and its figures (``dtrain top``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from launcher.base.parallel import run_parallel
 from launcher.loop.rankrun import RankRun
 
 StackDumps = dict[int, tuple[str, dict[str, Any]]]  # rank -> (host, its stacks or an error)
+
+
+class HangReporter(Protocol):
+    """What the supervisor is given for --hang-timeout (the job layer's ``HangReport``): it
+    shows and keeps every rank's stack and returns where the ranks were, for the summary."""
+
+    def __call__(self, dumps: StackDumps, /) -> str: ...
 
 
 def no_stacks(error: BaseException) -> dict[str, Any]:

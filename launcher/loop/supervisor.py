@@ -47,7 +47,7 @@ from launcher.core.policy import (
     failed_hosts,
     start_state,
 )
-from launcher.loop.asks import StackDumps, dump_stacks, rank_stats
+from launcher.loop.asks import HangReporter, StackDumps, dump_stacks, rank_stats
 from launcher.loop.drain import DrainCut, bounds, drain_streams, judge_output
 from launcher.loop.rankrun import Exit, Message, RankRun, Signalled, Started, StreamEnd
 from launcher.loop.settle import settle_runs
@@ -89,7 +89,7 @@ class TimeLimits:
     start_s: float | None = None
     total_s: float | None = None  # this attempt's share of --timeout
     timeout_s: float | None = None  # --timeout as given (for the whole job, all attempts)
-    on_hang: Callable[[dict[int, tuple[str, dict[str, Any]]]], str] | None = None  # -> where
+    on_hang: HangReporter | None = None  # the job layer's report of a hang
 
     @property
     def any(self) -> bool:

@@ -34,7 +34,7 @@ from launcher.core.specs import build_job_specs
 from launcher.loop.asks import StackDumps
 from launcher.loop.supervisor import Supervisor, TimeLimits, caught_signals
 from launcher.run.discovery import watch_discovery
-from launcher.run.inspection import open_control, report_hang
+from launcher.run.inspection import HangReport, open_control
 from launcher.run.namedfiles import read_head
 from launcher.run.planning import (
     MPI4PY_WARNING,
@@ -389,7 +389,13 @@ class Attempt:
                     else max(0.0, config.time_limit_s - self.spent_s)
                 ),
                 timeout_s=config.time_limit_s,
-                on_hang=lambda dumps: self.report_hang(job, dumps, plan.world_size),
+                on_hang=HangReport(
+                    job,
+                    plan.world_size,
+                    config.hang_timeout_s or 0.0,
+                    self.frontend.notice,
+                    self.clock,
+                ),
             ),
             on_stopping=self.frontend.notice,
             append_output=self.number > 0,
@@ -466,11 +472,6 @@ class Attempt:
             "dtrain: the cluster serves until Ctrl-C, or until dtrain stop with its job id:",
         ):
             self.frontend.notice(line)
-
-    def report_hang(self, job: JobDir, dumps: StackDumps, world: int) -> str:
-        """A hang: every rank's stack shown and kept; where the ranks were, for the summary."""
-        silent_s = self.config.hang_timeout_s or 0.0
-        return report_hang(job, dumps, world, silent_s, self.frontend.notice, self.clock.wall())
 
     def report_drops(self, count: int) -> None:
         self.frontend.notice(

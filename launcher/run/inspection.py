@@ -1,6 +1,6 @@
 """Looking into a running attempt's ranks: the report of a hang and the control socket.
 
-On ``--hang-timeout`` the supervisor takes every rank's Python stack; ``report_hang``
+On ``--hang-timeout`` the supervisor takes every rank's Python stack; ``HangReport``
 shows them grouped to the terminal, keeps them in the job directory (``stacks.txt``)
 and says in one line where the ranks were, for the failure summary.  ``open_control``
 answers ``dtrain stacks`` and ``dtrain top`` from another terminal while the job runs.
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.base.clock import Clock
 from launcher.base.log import LOG
 from launcher.core.config import rank_set
 from launcher.loop.supervisor import Supervisor
@@ -27,32 +29,36 @@ STACKS_TIMEOUT_S = 25.0  # dtrain stacks: how long taking every rank's stack may
 STATS_TIMEOUT_S = 5.0  # dtrain top: how long asking every rank's figures may take
 
 
-def report_hang(
-    job: JobDir,
-    dumps: Mapping[int, tuple[str, Mapping[str, Any]]],
-    world: int,
-    silent_s: float,
-    notice: Callable[[str], None],
-    wall: float,
-) -> str:
-    """A hang (no output for ``silent_s``, at ``wall``): every rank's stack to the terminal
-    (``notice``) and to the job directory; returns where the ranks were, for the summary."""
-    from launcher.core.stacks import format_stacks, group_stacks
+@dataclass(frozen=True)
+class HangReport:
+    """--hang-timeout's report, which the supervisor is given: when no rank printed for
+    ``silent_s``, every rank's stack goes to the terminal (``notice``) and to the job
+    directory, and where the ranks were is returned, for the failure summary."""
 
-    groups = group_stacks(dumps)
-    text = format_stacks(groups, world)
-    path = job.path / STACKS
-    try:
-        with open_private(path, "ab") as f:
-            f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(wall))}\n".encode())
-            f.write(("\n".join(text) + "\n").encode())
-    except OSError:
-        pass  # a full disk: the terminal still shows them
-    notice(f"dtrain: no output from any rank for {silent_s:g} s; their stacks:")
-    for line in text:
-        notice("    " + line if line else "")
-    notice(f"dtrain: (also in {path})")
-    return ": " + stuck_where(groups) if groups else ""
+    job: JobDir
+    world: int
+    silent_s: float
+    notice: Callable[[str], None]
+    clock: Clock
+
+    def __call__(self, dumps: Mapping[int, tuple[str, Mapping[str, Any]]], /) -> str:
+        from launcher.core.stacks import format_stacks, group_stacks
+
+        groups = group_stacks(dumps)
+        text = format_stacks(groups, self.world)
+        path = self.job.path / STACKS
+        try:
+            with open_private(path, "ab") as f:
+                now = time.localtime(self.clock.wall())
+                f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', now)}\n".encode())
+                f.write(("\n".join(text) + "\n").encode())
+        except OSError:
+            pass  # a full disk: the terminal still shows them
+        self.notice(f"dtrain: no output from any rank for {self.silent_s:g} s; their stacks:")
+        for line in text:
+            self.notice("    " + line if line else "")
+        self.notice(f"dtrain: (also in {path})")
+        return ": " + stuck_where(groups) if groups else ""
 
 
 def stuck_where(groups: Sequence[StackGroup]) -> str:
