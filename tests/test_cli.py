@@ -181,8 +181,13 @@ def test_hostfile_gpus_and_hosts_command(tmp_path: Path) -> None:
         (["ps", "--ps-hosts", " ", "true"], "dtrain: error: --ps-hosts: empty host list"),
     ],
 )
-def test_user_mistakes_are_one_line_and_exit_2(args: list[str], message: str) -> None:
-    result = dtrain_in_process(*args)
+def test_user_mistakes_are_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    job = tmp_path / "20260101-000000-abcdef"  # (a root with a job: else 'no jobs in ROOT')
+    job.mkdir()
+    (job / "meta.json").write_text("{}")
+    result = dtrain_in_process(*args, env={"DTRAIN_JOB_DIR": str(tmp_path)})
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
@@ -318,3 +323,44 @@ def test_a_run_refused_in_process_leaves_no_agent_running() -> None:
     result = dtrain_in_process("run", "-np", "1", "no-such-program-xyz")
     assert result.returncode == 2 and "'no-such-program-xyz' not found" in result.stderr
     assert children() == before
+
+
+def counted(monkeypatch: pytest.MonkeyPatch, module: str, name: str) -> list[object]:
+    """Each call of ``module.name`` from any of dtrain's modules, loaded now or later (their
+    ``from ... import name`` takes the counting one): the first argument of each."""
+    import importlib
+
+    real = getattr(importlib.import_module(module), name)
+    calls: list[object] = []
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    for loaded in [m for key, m in sys.modules.items() if key.startswith("launcher")]:
+        if getattr(loaded, name, None) is real:
+            monkeypatch.setattr(loaded, name, counting)
+    return calls
+
+
+def test_a_job_validates_its_config_and_resolves_its_variables_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One check of the config and one resolution of -x and --env-file per job, whichever
+    edge started it: the command line (whose local agent starts early with the variables)
+    or the Python API."""
+    import launcher
+
+    env_file = tmp_path / "vars.env"
+    env_file.write_text("FROM_FILE=1\n")
+    checks = counted(monkeypatch, "launcher.core.config", "validate_config")
+    resolutions = counted(monkeypatch, "launcher.core.env", "resolve_env_args")
+    jobs = ("--job-dir", str(tmp_path / "jobs"))
+    test = ("sh", "-c", "test $FOO$FROM_FILE = 1$BAR")
+    for count, files in ((1, ()), (2, ("--env-file", str(env_file), "-x", "BAR=1"))):
+        result = dtrain_in_process("run", "-np", "2", "-x", "FOO=1", *files, *jobs, *test)
+        assert result.returncode == 0, result.stderr
+        assert (len(checks), len(resolutions)) == (count, count)
+    plan = launcher.launch(print, np=2, env={"FOO": "1"}, dry_run=True, no_config=True)
+    assert len(plan) == 2
+    assert (len(checks), len(resolutions)) == (3, 3)  # (its plan shows the variables)

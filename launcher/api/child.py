@@ -30,7 +30,7 @@ def main(argv: Sequence[str]) -> int:
         from launcher.view.reports import format_failure
 
         frontend = CallerFrontend(config.view, sys.stdout, sys.stderr)
-        outcome = run_job(config, dict(os.environ), frontend)
+        outcome = run_job(config, dict(os.environ), frontend, checked=True)  # (by start())
         if isinstance(outcome, DryRun):
             return 0
         for line in format_failure(outcome.result):

@@ -133,7 +133,7 @@ def run_prepared(prepared: Prepared, out: TextIO, err: TextIO) -> Any:
 
         show_what_dtrain_does(err)
     frontend = CallerFrontend(prepared.config.view, out, err)
-    return run_job(prepared.config, prepared.environ, frontend)
+    return run_job(prepared.config, prepared.environ, frontend, checked=True)  # (prepare's)
 
 
 def collect(prepared: Prepared, result: JobResult, err: TextIO) -> Result:

@@ -195,10 +195,11 @@ def ps_command(**options: Any) -> int:
     return start_job(config_from_options(options, ps=pick(PsConfig, options)))
 
 
-def start_job(config: JobConfig) -> int:
-    """Run the job here (or in the background with --detach) and print how it went."""
+def start_job(config: JobConfig, checked: bool = False) -> int:
+    """Run the job here (or in the background with --detach) and print how it went;
+    ``checked``: the config was validated already (``_resume``'s, by the parent)."""
     try:
-        return start_loaded_job(config)
+        return start_loaded_job(config, checked)
     finally:
         thaw()  # (start_loaded_job's freeze, on every way out: base/interpreter.py)
         from launcher.run.early import close_early_agents
@@ -206,18 +207,20 @@ def start_job(config: JobConfig) -> int:
         close_early_agents()
 
 
-def start_loaded_job(config: JobConfig) -> int:
+def start_loaded_job(config: JobConfig, checked: bool) -> int:
     """``start_job``, its modules loaded for good (frozen until it returns: base/interpreter)."""
     with loading(freeze=True):
-        from launcher.run.early import start_agent_early
+        from launcher.core.config import validate_config
+        from launcher.run.early import job_variables, start_agent_early
 
         environ = dict(os.environ)
-        config = start_agent_early(config, environ)
+        config = config if checked else validate_config(config)  # (once per job)
+        extra = None if config.detach else job_variables(config, environ)  # (once, too)
+        config = start_agent_early(config, environ, extra or {})
         if config.placement.host_lists:  # (then no agent was started early: nothing runs yet)
             from launcher.run.preflight import check_hosts_not_split
 
             check_hosts_not_split(config, environ)
-        from launcher.core.config import validate_config
         from launcher.run.attempt import DryRun
         from launcher.run.job import run_job
         from launcher.view.frontend import TerminalFrontend
@@ -229,9 +232,7 @@ def start_loaded_job(config: JobConfig) -> int:
         from launcher.run.background import start_detached
         from launcher.streams.joblist import jobs_root
 
-        detached = start_detached(
-            validate_config(config), jobs_root(config.job_dir, environ), environ
-        )
+        detached = start_detached(config, jobs_root(config.job_dir, environ), environ)
         if detached.error is not None:
             click.echo(detached.error, err=True)
             return detached.exit_code
@@ -246,7 +247,7 @@ def start_loaded_job(config: JobConfig) -> int:
     if not config.verbose:  # (verbose says it all, line by line)
         frontend.show_phases()
     try:
-        outcome = run_job(config, environ, frontend)
+        outcome = run_job(config, environ, frontend, extra=extra, checked=True)
     finally:
         frontend.end_phases()
     if isinstance(outcome, DryRun):
@@ -293,7 +294,7 @@ def resume(launch_file: str) -> int:
     """The background half of --detach: run the job its launch file describes."""
     from launcher.run.background import take_launch_file
 
-    return start_job(take_launch_file(launch_file))
+    return start_job(take_launch_file(launch_file), checked=True)  # (the parent checked it)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,9 +21,9 @@ from launcher.base.clock import Clock, SystemClock
 from launcher.base.interpreter import INTERPRETER
 from launcher.base.jobid import new_job_id
 from launcher.core.config import JobConfig, validate_config
-from launcher.core.env import resolve_env_args
 from launcher.run.attempt import Attempt, Frontend, JobOutcome, OpenTransport, SurveyHosts
-from launcher.run.namedfiles import check_ssh_files, read_env_files
+from launcher.run.early import job_variables
+from launcher.run.namedfiles import check_ssh_files
 from launcher.run.restarts import run_attempts
 from launcher.run.survey import (
     Survey,
@@ -61,9 +61,15 @@ def run_job(
     survey: SurveyHosts = survey_hosts,
     transports: OpenTransport = open_transport,
     clock: Clock | None = None,
+    extra: Mapping[str, str] | None = None,
+    checked: bool = False,
 ) -> JobOutcome:
-    """Validate, resolve what the whole job shares, then run its attempts."""
-    config = validate_config(with_hostfile_shorthand(config, frontend))
+    """Validate, resolve what the whole job shares, then run its attempts; ``checked``: the
+    edge validated the config already, ``extra``: it resolved the job's variables already
+    (``early.job_variables``): each is done once per job."""
+    config = with_hostfile_shorthand(config, frontend)
+    if not checked:
+        config = validate_config(config)
     allocation = allocation_hosts(config, environ)
     if allocation is not None:
         how = "through srun" if slurm_allocation(config, environ) else "over ssh"
@@ -71,7 +77,7 @@ def run_job(
     note = interpreter_note(config.command, environ)
     if note:
         frontend.notice(note)
-    extra = resolve_env_args(config.env.exports, read_env_files(config.env.env_files), environ)
+    extra = job_variables(config, environ) if extra is None else extra
     check_ssh_files(config.ssh)
     job_id = config.job_id or new_job_id()
     attempt = Attempt(
