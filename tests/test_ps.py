@@ -145,6 +145,8 @@ def test_killed_ps_fails_the_job_naming_it(mark: str, tmp_path: Path) -> None:
         "1",
         "-x",
         f"DTRAIN_TEST_MARK={mark}",
+        "-x",  # the chief that dtrain stops leaves TensorFlow's autograph files in its TMPDIR
+        f"TMPDIR={tmp_path}",
         "python",
         "examples/tf_ps_train.py",
         "--epochs",

@@ -501,6 +501,8 @@ def test_tf_parameter_servers_across_hosts(ssh_hosts: TestHosts, mark: str, tmp_
         "node1:1,node2:1,node3:1",
         "-x",
         f"DTRAIN_TEST_MARK={mark}",
+        "-x",  # TensorFlow's autograph compiles its files there (and leaves their .pyc)
+        f"TMPDIR={tmp_path}",
         "python",
         "examples/tf_ps_train.py",
         "--epochs",
