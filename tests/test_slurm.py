@@ -325,6 +325,8 @@ def test_scancel_on_three_slurm_nodes(
         time.sleep(0.1)
     steps = wait_for_steps(slurm_cluster, 4 if mpi else 3)  # the agents' (and mpirun's daemons')
     assert nodes <= {step.split()[1] for step in steps}
+    sessions = mpi_session_folders(mark)  # each node's agent removes it, SIGTERMed or not
+    assert len(sessions) == (1 if mpi else 0), sessions
     job_id = slurm_cluster.run(["squeue", "-h", "-n", name, "-o", "%i"], check=True).stdout.strip()
     slurm_cluster.run(["scancel", job_id], check=True)
     if how.startswith("salloc"):
@@ -337,6 +339,17 @@ def test_scancel_on_three_slurm_nodes(
             assert "stopped the other 5 ranks" in err, err  # (the last line, broken to fit)
             assert "mpirun exited 0); dtrain exits 255" in " ".join(err.split()), err
     until_gone(slurm_cluster, mark)
+    assert [folder for folder in sessions if os.path.lexists(folder)] == []
+
+
+def mpi_session_folders(mark: str) -> set[str]:
+    """The session folders of mpirun's daemons that the marked job's mpirun names."""
+    found: set[str] = set()
+    for pid in marked_pids(mark):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            found |= {arg for arg in argv if arg.startswith("/tmp/dtrain-prte-")}
+    return found
 
 
 @pytest.mark.slurm

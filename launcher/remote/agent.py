@@ -7,21 +7,20 @@ stdout.  Its stdin is the lifeline: when it closes, the agent closes every watch
 stdin, and each ends its rank as it would for a lost launcher.
 
 Frames, both ways: ``!IBI`` header (run, kind, length), then the payload; a run is one
-start of one rank (a restarted rank is a new run), numbered by the launcher.  Both ends
-send heartbeats: an agent that hears nothing for the launcher's host timeout takes the
-launcher for dead (a crashed machine or a cut network closes no channel) and drops the
-lifeline; a launcher that hears nothing from an agent for that long takes the host for
-lost (a frozen host still acknowledges TCP).  Output is flow-controlled per run: the agent
+start of one rank (a restarted rank is a new run).  Both ends send heartbeats: an agent
+that hears nothing for the launcher's host timeout takes the launcher for dead (a cut
+network closes no channel) and drops the lifeline; a launcher that hears nothing from an
+agent for that long takes the host for lost.  Output is flow-controlled per run: the agent
 sends at most ``WINDOW_BYTES`` of a rank's output beyond what the launcher has taken (it
-returns CREDIT as it takes) and stops reading that rank's pipes until then, so a slow
-terminal slows that rank alone and never holds up other frames.  Stdlib only and
-self-contained, like the watchdog.
+returns CREDIT) and stops reading that rank's pipes until then, so a slow terminal slows
+that rank alone.  Stdlib only and self-contained, like the watchdog.
 """
 
 import json
 import os
 import selectors
 import shutil
+import signal
 import stat
 import struct
 import subprocess
@@ -37,16 +36,13 @@ STACKS_DUMPED, STATS_TAKEN = 9, 10
 # launcher -> agent
 START, SIGNAL, HEARTBEAT, CREDIT, DUMP_STACKS, TAKE_STATS = 100, 101, 102, 103, 104, 105
 ANSWERS = {DUMP_STACKS: STACKS_DUMPED, TAKE_STATS: STATS_TAKEN}  # questions about a rank
-# A question's payload is its request id (the launcher's); the answer echoes it:
-# {"request": id, "answer": {...}}, so that each asker gets its own answer, and a late one none.
+# A question's payload is its request id; the answer echoes it: {"request": id, "answer": ...}
 # --mpi (mpirun, not this agent, starts the ranks): the job's id and its daemons' session
 # folder (a line each), to end what is left of it here and remove the folder when the
-# launcher is gone or done; then signals for its ranks (SIGTERM: mpirun lives
-# on to hand on what they print while they stop)
+# launcher is gone or done; then signals for its ranks (SIGTERM: mpirun lives on)
 MPI_JOB, SIGNAL_MPI_JOB = 106, 107
 NO_RUN = 0xFFFFFFFF
-# Written before the first frame: what a login shell's rc files print comes before it and is
-# skipped by the launcher.
+# Written before the first frame: what a login shell's rc files print before it is skipped.
 START_MARK = b"\0dtrain-agent-frames\0"
 SILENCE_S = 30.0  # unless the config says otherwise (the launcher's --host-timeout)
 HEARTBEAT_S = 5.0  # how often the agent says it lives (unless its config says otherwise)
@@ -104,8 +100,7 @@ def descendants(pid: int) -> "list[int]":
 
 
 def gpu_usage() -> "tuple[dict[int, int], dict[int, int]]":
-    """pid -> MiB of GPU memory it holds, and pid -> utilisation % of the busiest GPU it
-    uses (nvidia-smi; a process has no utilisation of its own), where nvidia-smi answers."""
+    """pid -> MiB of GPU memory it holds, and pid -> use % of its busiest GPU (nvidia-smi)."""
     apps = nvidia_smi("--query-compute-apps=pid,gpu_uuid,used_memory")
     if not apps:
         return {}, {}
@@ -137,8 +132,7 @@ def nvidia_smi(query: str) -> "list[list[str]]":
 
 
 def take_stats(watchdog_pid: int) -> dict:  # type: ignore[type-arg]
-    """What the rank's processes use now: CPU time (ticks), resident memory, GPU memory and
-    utilisation."""
+    """What the rank's processes use now: CPU ticks, resident memory, GPU memory and use."""
     pids = descendants(watchdog_pid)
     ticks, rss = 0, 0
     page = os.sysconf("SC_PAGE_SIZE")
@@ -174,10 +168,8 @@ def dump_stacks(watchdog_pid: int, py_spy_hint: "str | None") -> dict:  # type: 
 
 
 def job_processes(job_id: str, named: bytes = b"") -> dict[int, tuple[int, list[bytes]]]:
-    """This host's processes of a job: pid -> (parent, environment), for those whose
-    environment has the job's DTRAIN_JOB_ID (or whose command line has ``named``: mpirun's
-    daemon, by its session folder) and that share this process's network namespace (hosts
-    that are namespaces of one machine see each other's processes)."""
+    """This host's processes of a job: pid -> (parent, environment), those with its
+    DTRAIN_JOB_ID (or ``named`` in their command line) in this network namespace."""
     job = f"DTRAIN_JOB_ID={job_id}".encode()
     try:
         here = os.readlink("/proc/self/ns/net")
@@ -207,8 +199,7 @@ def job_processes(job_id: str, named: bytes = b"") -> dict[int, tuple[int, list[
 
 
 def claim_folder(path: str) -> str | None:
-    """Make ``path`` 0700 (mpirun's daemon may have made it first): ours where this user
-    owns it, a folder; None where not (another user's, or it cannot be made)."""
+    """Make ``path`` 0700 (mpirun's daemon may have made it first); None unless ours, a folder."""
     try:
         os.mkdir(path, 0o700)
     except OSError:
@@ -223,10 +214,8 @@ def claim_folder(path: str) -> str | None:
 def kill_job_processes(
     job_id: str, deadline_s: float = 5.0, named: str = ""
 ) -> dict[str, list[int]]:
-    """SIGKILL what is left here of an ``--mpi`` job once mpirun is gone (a rank's child
-    that mpirun's daemon did not end; the daemon itself, by its session folder ``named``:
-    alive, it could make the folder again, or write in it while it is removed), again
-    until nothing is left; the pids killed."""
+    """SIGKILL what is left here of an ``--mpi`` job (a rank's child; mpirun's daemon, by its
+    session folder ``named``), again until nothing is left; the pids killed."""
     killed: list[int] = []
     deadline = time.monotonic() + deadline_s
     while True:  # one look at least, however late this thread runs (a busy machine)
@@ -356,8 +345,7 @@ class Forked:
 
 
 def become_watchdog(watchdog: dict, spec: dict, fds: "tuple[int, int, int, int]") -> None:  # type: ignore[type-arg]
-    """In the forked child: the rank's pipes and environment, then the watchdog's watch
-    (as ``watchdog.main_remote`` does for a watchdog started alone)."""
+    """In the forked child: the rank's pipes and environment, then the watchdog's watch."""
     try:
         status = watchdog["take_pipes"](fds)
     except OSError as exc:
@@ -398,8 +386,7 @@ class Agent:
                 data = data[written:]
 
     def watchdog_code(self) -> dict:  # type: ignore[type-arg]
-        """The watchdog's functions, compiled once (each rank's watchdog is a fork of this
-        agent: no interpreter, no compile per rank), the C library loaded for them."""
+        """The watchdog's functions, compiled once (each rank's watchdog is a fork of this)."""
         if self.watchdog is None:
             namespace: dict = {"__name__": "dtrain_watchdog"}  # type: ignore[type-arg]
             exec(compile(self.config["watchdog"], "dtrain-watchdog", "exec"), namespace)
@@ -508,6 +495,20 @@ class Agent:
                     child.stdin.close()
                 except OSError:
                     pass
+        self.end_mpi_job()
+
+    def terminated(self, *_: object) -> None:
+        """SIGTERM (scancel): die of it at once (the launcher sees the host go), a child with no
+        pipe of ours ending what is left of an --mpi job here (mpirun's daemon, its folder)."""
+        if self.mpi_job is not None and os.fork() == 0:
+            os.closerange(0, 65536)
+            self.end_mpi_job()
+            os._exit(0)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def end_mpi_job(self) -> None:
+        """What is left here of an ``--mpi`` job, mpirun's daemon included, and its folder."""
         if self.mpi_job is not None:
             kill_job_processes(self.mpi_job, named=self.mpi_sessions or "")
         if self.mpi_sessions is not None:
@@ -589,6 +590,7 @@ def main() -> None:
     exec(compile(config["probe_source"], "dtrain-probe", "exec"), namespace)
     report = namespace["probe"](config["probe"])
     agent = Agent(config)
+    signal.signal(signal.SIGTERM, agent.terminated)
     os.write(1, START_MARK)
     agent.send(NO_RUN, PROBED, json.dumps(report).encode())
     agent.run()
