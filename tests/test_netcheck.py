@@ -572,10 +572,11 @@ def test_network_check_leaves_nothing_on_ctrl_c_or_a_lost_host(ssh_hosts: TestHo
     assert lost.returncode == 1, out
     assert "dtrain: node3: its netcheck ended" in out
     assert nothing_left_on(ssh_hosts) == {}
-    interrupted = start_dtrain(*args, "30")  # (it would take seconds more)
-    wait_for_netchecks(ssh_hosts, ["node1", "node2", "node3"])
-    interrupted.send_signal(signal.SIGINT)
-    interrupted.communicate(timeout=30)
+    with ssh_hosts.shaped("node2", rate="1mbit"):  # (its rounds then outlast SIGINT's way)
+        interrupted = start_dtrain(*args, "30")
+        wait_for_netchecks(ssh_hosts, ["node1", "node2", "node3"])
+        interrupted.send_signal(signal.SIGINT)
+        interrupted.communicate(timeout=30)
     assert interrupted.returncode == 130
     assert nothing_left_on(ssh_hosts) == {}
 
