@@ -34,7 +34,6 @@ to the chief's exit, TensorFlow start-up (about 5 s per process) included.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 
@@ -203,8 +202,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    exit_code = main()
-    # Python's last garbage collection at exit walks every TensorFlow object (seconds of
-    # CPU per process); nothing in that garbage needs cleaning up: skip it.
-    gc.freeze()
-    sys.exit(exit_code)
+    sys.exit(main())
