@@ -267,6 +267,7 @@ def test_a_standing_cluster_serves_a_coordinator(mark: str, tmp_path: Path) -> N
         assert tf_config["task"] == {"type": "chief", "index": 0}
         assert [len(tf_config["cluster"][r]) for r in ("chief", "worker", "ps")] == [1, 2, 1]
         env = {**child_env(), "TF_CONFIG": json.dumps(tf_config), "GRPC_FAIL_FAST": "use_caller"}
+        env["TMPDIR"] = str(tmp_path)  # (TensorFlow's autograph files, if it dies)
         coordinator = subprocess.run(
             [
                 sys.executable,
