@@ -572,11 +572,12 @@ def test_network_check_leaves_nothing_on_ctrl_c_or_a_lost_host(ssh_hosts: TestHo
     assert lost.returncode == 1, out
     assert "dtrain: node3: its netcheck ended" in out
     assert nothing_left_on(ssh_hosts) == {}
-    with ssh_hosts.shaped("node2", rate="1mbit"):  # (its rounds then outlast SIGINT's way)
-        interrupted = start_dtrain(*args, "30")
-        wait_for_netchecks(ssh_hosts, ["node1", "node2", "node3"])
-        interrupted.send_signal(signal.SIGINT)
-        interrupted.communicate(timeout=30)
+    interrupted = start_dtrain(*args, "30")
+    found = wait_for_netchecks(ssh_hosts, ["node1", "node2", "node3"])
+    os.kill(found["node3"][0], signal.SIGSTOP)  # a stopped peer holds the rounds: Ctrl-C lands
+    interrupted.send_signal(signal.SIGINT)  # while they wait (not after a quick check ended)
+    interrupted.communicate(timeout=30)
+    os.kill(found["node3"][0], signal.SIGCONT)  # (it reads the end of its channel, and ends)
     assert interrupted.returncode == 130
     assert nothing_left_on(ssh_hosts) == {}
 
