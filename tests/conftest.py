@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,11 @@ else:
 def pytest_configure(config: pytest.Config) -> None:
     if os.getpid() == JOBS_OWNER:
         JOBS.mkdir(mode=0o700)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # Started in the background by a script (a job without job control: POSIX has it
+        # ignore SIGINT, and every process it starts then too): the dtrain processes of the
+        # tests get Ctrl-C as a terminal's job does (the tests of SIGINT send it).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def child_env() -> dict[str, str]:

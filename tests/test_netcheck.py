@@ -572,9 +572,9 @@ def test_network_check_leaves_nothing_on_ctrl_c_or_a_lost_host(ssh_hosts: TestHo
     assert lost.returncode == 1, out
     assert "dtrain: node3: its netcheck ended" in out
     assert nothing_left_on(ssh_hosts) == {}
-    interrupted = start_dtrain(*args, "30")  # (it takes seconds after its first program)
-    wait_for_netchecks(ssh_hosts, ["node1"])  # (all three: on a busy machine, the check
-    interrupted.send_signal(signal.SIGINT)  # could be over by the time they were seen)
+    interrupted = start_dtrain(*args, "30")  # (it would take seconds more)
+    wait_for_netchecks(ssh_hosts, ["node1", "node2", "node3"])
+    interrupted.send_signal(signal.SIGINT)
     shown, _ = interrupted.communicate(timeout=30)
     assert interrupted.returncode == 130, shown
     assert nothing_left_on(ssh_hosts) == {}
