@@ -10,7 +10,6 @@ from dataclasses import fields, replace
 import pytest
 
 from launcher.base.errors import UsageError
-from launcher.core.bounds import DURATIONS
 from launcher.core.config import (
     EnvConfig,
     JobConfig,
@@ -21,6 +20,7 @@ from launcher.core.config import (
     ViewConfig,
     config_from_json,
     config_to_json,
+    duration_bounds,
     validate_config,
 )
 from launcher.core.optionvalues import config_from_options
@@ -134,7 +134,7 @@ def test_restart_options_need_restarts(changes: dict[str, object], message: str)
 def durations(value: float) -> list[tuple[JobConfig, str]]:
     """BASE with ``value`` in each duration of a config, and the flag its message names."""
     configs = []
-    for path, flag, _, _ in DURATIONS:
+    for path, flag, _, _ in duration_bounds():
         concern, _, name = path.rpartition(".")
         if concern:
             inner = replace(getattr(BASE, concern), **{name: value})
@@ -159,7 +159,7 @@ def test_every_duration_is_finite_and_within_a_year(value: float) -> None:
 def test_the_durations_table_names_every_seconds_field() -> None:
     """A new *_s field of a config must be bounded too (and named as its flag)."""
     concerns = {"": BASE, "placement": BASE.placement, "ssh": BASE.ssh, "view": BASE.view}
-    named = {path for path, _, _, _ in DURATIONS}
+    named = {path for path, _, _, _ in duration_bounds()}
     for prefix, value in concerns.items():
         for f in fields(value):  # type: ignore[arg-type]
             if f.name.endswith("_s"):

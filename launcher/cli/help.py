@@ -12,40 +12,15 @@ from __future__ import annotations
 
 import click
 
-# Heading -> the options under it (parameter names), in the order shown.  A name is in one
-# group whatever command has it; a command shows only the groups it has options of.
+from launcher.core.options import SECTIONS
+
+# Heading -> the options under it (parameter names), in the order shown: the table's sections
+# (a name is in one group whatever command has it; a command shows the groups it has).
 OPTION_GROUPS: tuple[tuple[str, str], ...] = (
-    (
-        "Parameter server",
-        "workers ps_tasks evaluator framework builtin_servers ps_hosts worker_hosts ps_gpus",
+    *(
+        (heading, " ".join(dict.fromkeys(row.field for row in rows)))
+        for heading, rows in SECTIONS.items()
     ),
-    (
-        "Trials",
-        "grids random_count params seed np_per_trial max_parallel retries resume retry_failed",
-    ),
-    ("Results", "objective maximize"),
-    (
-        "Placement",
-        "host_lists hostfile np nproc_per_node nnodes map_by oversubscribe standalone include "
-        "exclude transport gpus_per_rank gpu_binding bind_to report_bindings",
-    ),
-    ("Environment", "exports env_files workdir sync sync_max_size python no_python module"),
-    ("Rendezvous", "master_addr master_port nics tf_config"),
-    ("MPI", "mpi mpirun mca mpirun_args"),
-    (
-        "Output",
-        "follow tag_format output_dir color as_json plain quiet ranks local_ranks collapse "
-        "collapse_window_s lossy verbose",
-    ),
-    ("Job", "dry_run detach job_dir project_file no_config"),
-    (
-        "Restarts",
-        "max_restarts restart_workers restart_delay_s min_np max_np host_discovery_script "
-        "blacklist_cooldown_s checkpoint_dir",
-    ),
-    ("Failures and limits", "hang_timeout_s on_hang start_timeout_s time_limit_s grace_s"),
-    ("Progress and stragglers", "progress_regex straggler_ratio straggler_after_s stragglers"),
-    ("SSH", "config_file port identity timeout_s host_timeout_s accept_new_host_keys"),
     ("Other", "help"),
 )
 GROUP_OF = {name: heading for heading, names in OPTION_GROUPS for name in names.split()}

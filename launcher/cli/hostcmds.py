@@ -12,7 +12,7 @@ import click
 from click.core import ParameterSource
 
 from launcher.base.errors import UsageError
-from launcher.cli.options import CONTEXT, Seconds, host_options, ssh_options
+from launcher.cli.options import CONTEXT, Seconds, table_options
 from launcher.core.config import SshConfig, pick
 
 DEFAULT_NETWORK_TIMEOUT_S = 10.0
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 @click.command(context_settings=CONTEXT)
-@host_options
+@table_options("hosts")
 @click.option("--json", "as_json", is_flag=True, help="Print the hosts as JSON.")
 def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> int:
     """Show the hosts and slots a hostfile or -H list resolves to (inside a Slurm allocation,
@@ -48,8 +48,7 @@ def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> i
 
 
 @click.command(context_settings=CONTEXT)
-@host_options
-@ssh_options
+@table_options("check")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
     "--network",

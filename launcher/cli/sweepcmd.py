@@ -16,97 +16,15 @@ import click
 
 from launcher.cli.help import GroupedCommand
 from launcher.cli.hostcmds import hosts_given
-from launcher.cli.options import (
-    COUNT,
-    JOB_COMMAND,
-    JOB_DIR_OPTION,
-    NO_CONFIG_OPTION,
-    host_options,
-    limit_options,
-    option,
-    rank_options,
-    ssh_options,
-    stacked,
-)
+from launcher.cli.options import JOB_COMMAND, table_options
 from launcher.cli.projectfile import with_project_file
 
 if TYPE_CHECKING:
     from launcher.streams.sweeprecord import Sweep
 
 
-# The trials (a grid, random draws), how they run, how the table is ordered.
-sweep_options = stacked(
-    option(
-        "--grid grids",
-        "Values to try, every combination: --grid 'lr=0.1,0.01 batch=32,64' (repeatable).",
-        multiple=True,
-        metavar="'NAME=V,V ...'",
-    ),
-    option(
-        "--random random_count",
-        "N random trials, drawn from the --param distributions.",
-        type=click.IntRange(1),
-        metavar="N",
-    ),
-    option(
-        "--param params",
-        "A distribution for --random: choice(a,b), uniform(lo,hi), loguniform(lo,hi), "
-        "int(lo,hi) (repeatable).",
-        multiple=True,
-        metavar="NAME=DIST",
-    ),
-    option("--seed", "Seed of the random draws (default: a new one, recorded).", type=int),
-    option(
-        "--np-per-trial",
-        "Ranks of each trial (a dtrain job of its own).",
-        type=click.IntRange(1),
-        default=1,
-        **COUNT,
-    ),
-    option(
-        "--max-parallel",
-        "At most N trials at once (default: as many as the slots hold).",
-        type=click.IntRange(1),
-        metavar="N",
-    ),
-    option(
-        "--retries",
-        "Run a failed trial again, at most N times.",
-        type=click.IntRange(0),
-        metavar="N",
-    ),
-    option("--objective", "Order the results by this metric.", metavar="NAME"),
-    option(
-        "--maximize/--minimize",
-        "Best is the highest (--maximize) or lowest (--minimize, the default) objective.",
-        default=None,
-    ),
-    option(
-        "--follow",
-        "Show the output of trial N (tagged [tN:RANK]).",
-        type=click.IntRange(0),
-        metavar="N",
-    ),
-    option(
-        "--resume",
-        "Run again the trials of sweep ID that did not finish (stopped, never started).",
-        metavar="ID",
-    ),
-    option("--retry-failed", "With --resume: the failed trials too.", is_flag=True),
-    option("--dry-run", "Print the trials (parameters, command); start nothing.", is_flag=True),
-    option("--json as_json", "Print the results table as JSON.", is_flag=True),
-    option("--plain", "A line per change of a trial's state, no live table.", is_flag=True),
-    JOB_DIR_OPTION,
-    NO_CONFIG_OPTION,
-)
-
-
 @click.command("sweep", context_settings=JOB_COMMAND, cls=GroupedCommand, manual="docs/sweeps.md")
-@sweep_options
-@host_options
-@rank_options
-@limit_options
-@ssh_options
+@table_options("sweep")
 @click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
 def sweep_command(**options: Any) -> int:
     """Run COMMAND once per trial, {name} filled with the trial's parameters, trials side by

@@ -126,21 +126,6 @@ def check_total(flag: str, counts: Iterable[int], high: int, what: str) -> None:
         )
 
 
-# Every duration of a config: (its field, its flag, the lowest value it takes, the highest).
-DURATIONS: tuple[tuple[str, str, float, float], ...] = (
-    ("grace_s", "--grace", 0.0, MAX_SECONDS),
-    ("restart_delay_s", "--restart-delay", 0.0, MAX_SECONDS),
-    ("placement.blacklist_cooldown_s", "--blacklist-cooldown", 0.0, MAX_SECONDS),
-    ("hang_timeout_s", "--hang-timeout", 0.1, MAX_SECONDS),
-    ("start_timeout_s", "--start-timeout", 0.1, MAX_SECONDS),
-    ("time_limit_s", "--timeout", 0.1, MAX_SECONDS),
-    ("ssh.timeout_s", "--ssh-timeout", 0.1, MAX_SECONDS),
-    ("ssh.host_timeout_s", "--host-timeout", 1.0, MAX_SECONDS),
-    ("view.collapse_window_s", "--collapse-window", 0.01, 60.0),
-    ("straggler_after_s", "--straggler-after", 0.1, MAX_SECONDS),
-)
-
-
 def check_world_size(ranks: int) -> None:
     """A plan's size, known once the hosts are (every slot of ``-H h[1-3]:100000``, or
     ``--nproc-per-node`` on every host): at most MAX_RANKS, checked before any rank is made."""

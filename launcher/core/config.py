@@ -16,11 +16,11 @@ from typing import Any, Literal, TypeVar
 
 from launcher.base.errors import UsageError
 from launcher.core.bounds import (
-    DURATIONS,
     MAX_GPUS_PER_RANK,
     MAX_HOSTS,
     MAX_RANKS,
     MAX_RESTARTS,
+    MAX_SECONDS,
     check_count,
     check_interfaces,
     check_port,
@@ -28,12 +28,15 @@ from launcher.core.bounds import (
     check_seconds,
     check_total,
 )
+from launcher.core.options import (
+    DEFAULT_GRACE_S,
+    DEFAULT_HOST_TIMEOUT_S,
+    DEFAULT_SSH_TIMEOUT_S,
+    DEFAULT_STRAGGLER_AFTER_S,
+    DEFAULT_STRAGGLER_RATIO,
+    OPTIONS,
+)
 
-DEFAULT_GRACE_S = 5.0
-DEFAULT_SSH_TIMEOUT_S = 10.0
-DEFAULT_HOST_TIMEOUT_S = 30.0
-DEFAULT_STRAGGLER_RATIO = 0.7  # --straggler-ratio: slower than this x the median...
-DEFAULT_STRAGGLER_AFTER_S = 30.0  # ...for this long (--straggler-after): named
 STEP_GROUP = "step"  # the --progress-regex group that holds the step, when it has several
 TAG_FIELDS = ("rank", "host", "local_rank", "node_rank", "role", "task", "time")
 MapBy = Literal["slot", "node"]
@@ -276,7 +279,7 @@ def check_job_bounds(config: JobConfig) -> None:
             hint = "give a host name or an IP address, e.g. --master-addr node1 or 10.0.0.1"
             raise UsageError(exc.message, hint) from None
     check_interfaces("--network-interface", config.env.nics)
-    for path, flag, low, high in DURATIONS:
+    for path, flag, low, high in duration_bounds():
         check_seconds(flag, field_value(config, path), low, high)
     check_ratio("--straggler-ratio", config.straggler_ratio)
     if config.ps is not None:
@@ -285,6 +288,19 @@ def check_job_bounds(config: JobConfig) -> None:
         check_count("--restart-workers", config.ps.restart_workers, 0, MAX_RESTARTS)
         tasks = (config.ps.workers, config.ps.ps_tasks, 1, int(config.ps.evaluator))  # +chief
         check_total("--workers and --ps", tasks, MAX_RANKS, "tasks")
+
+
+def duration_bounds() -> tuple[tuple[str, str, float, float], ...]:
+    """Every duration of a config, as the options table bounds it: (its field's path in the
+    config, its flag, the lowest value it takes, the highest)."""
+    concerns = {"": JobConfig, "placement": PlacementConfig, "ssh": SshConfig, "view": ViewConfig}
+    paths = {
+        f.name: f"{concern}.{f.name}" if concern else f.name
+        for concern, kind in concerns.items()
+        for f in fields(kind)
+    }
+    seconds = [row for row in OPTIONS if row.kind == "seconds"]
+    return tuple((paths[r.field], r.flag, r.low or 0.0, r.highest or MAX_SECONDS) for r in seconds)
 
 
 def field_value(config: JobConfig, path: str) -> Any:

