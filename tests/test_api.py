@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import launcher
-from launcher.api.options import run_arguments
+from launcher.api.options import keyword_values
 from launcher.api.payload import pack_call
 from launcher.base.errors import UsageError
 from launcher.cli.main import run as run_command
@@ -123,15 +123,17 @@ def test_a_job_failed_without_a_rank_says_its_whole_last_line(mark: str) -> None
     ("options", "message"),
     [
         ({"max_restart": 2}, "no such option max_restart= (did you mean max_restarts=?)"),
-        ({"np": "x"}, "Invalid value for '-np' / '--np': 'x' is not a valid integer."),
-        ({"np": 0}, "-np 0: must be at least 1"),
+        ({"np": "x"}, "np='x': not a whole number (write e.g. np=4)"),
+        ({"grace": -1}, "grace=-1: must be at least 0 seconds (give grace=0 or more)"),
+        ({"np": 0}, "np=0: must be at least 1 (give np=1 or more)"),
         ({"quiet": "yes"}, "quiet='yes': a flag takes True or False (write quiet=True)"),
         ({"detach": True}, "detach= is not an option of launch() (use launcher.start("),
         ({"env": 5}, "env=5: not variables"),
         ({"env": {"A": None}}, "env={'A': None}: a variable's value is text"),
         ({"env": {"A": True}}, "env={'A': True}: a variable's value is text"),
         ({"env": {"1BAD": "x"}}, "-x '1BAD=x': '1BAD' is not a valid variable name"),
-        ({"bind_to": "everything"}, "Invalid value for '--bind-to'"),
+        ({"bind_to": "everything"}, "bind_to='everything': not one of none, core, socket"),
+        ({"bind_to": "cores"}, "bind_to='cores': not one of none, core, socket (did you mean"),
         ({"hosts": []}, "-H: no hosts"),  # (as -H '': not this machine by default)
         ({"hosts": ()}, "-H: no hosts"),
         ({"hosts": ""}, "-H: no hosts"),
@@ -157,7 +159,7 @@ def test_a_call_that_cannot_travel_is_refused() -> None:
         launcher.launch(3, job_dir=str(JOBS))  # type: ignore[arg-type]
 
 
-def test_keywords_become_the_command_lines_arguments() -> None:
+def test_keywords_become_the_values_the_command_line_gives() -> None:
     given = {
         "np": 8,
         "hosts": ["a:4", "b:4"],
@@ -170,14 +172,28 @@ def test_keywords_become_the_command_lines_arguments() -> None:
         "oversubscribe": False,
         "hostfile": None,
     }
-    assert run_arguments(given, run_command) == [
-        *("--np", "8", "--host", "a:4", "--host", "b:4", "--max-restarts", "2"),
-        *("--hang-timeout", "300", "-x", "NCCL_DEBUG=INFO", "--no-collapse"),
-        *("--no-gpu-binding", "--mca", "btl", "self,tcp"),
-    ]
-    assert run_arguments({"env": "HOME", "hosts": "a,b"}, run_command) == [
-        *("-x", "HOME", "--host", "a,b")
-    ]
+    values, fields = keyword_values(given)
+    assert values == {
+        "np": 8,
+        "host_lists": ("a:4", "b:4"),
+        "max_restarts": 2,
+        "hang_timeout_s": 300.0,
+        "exports": ("NCCL_DEBUG=INFO",),
+        "collapse": False,
+        "gpu_binding": False,
+        "mca": (("btl", "self,tcp"),),
+        "oversubscribe": False,
+    }
+    assert fields == set(values)
+    assert keyword_values({"env": "HOME", "hosts": "a,b"})[0] == {
+        "exports": ("HOME",),
+        "host_lists": ("a,b",),
+    }
+    cli = run_command.make_context("run", ["-np", "8", "-H", "a:4", "-H", "b:4", "true"]).params
+    assert {name: cli[name] for name in ("np", "host_lists")} == {
+        "np": 8,
+        "host_lists": ("a:4", "b:4"),
+    }
 
 
 def test_a_second_launch_leaves_no_thread_fd_or_signal_handler(mark: str) -> None:

@@ -145,7 +145,7 @@ def test_hostfile_gpus_and_hosts_command(tmp_path: Path) -> None:
         ),
         (["run", "-H", "a:x", "true"], "dtrain: error: -H 'a:x': slots must be a positive integer"),
         (["run", "--bogus", "true"], "dtrain: error: no such option --bogus (hint"),
-        (["run", "-np", "two", "true"], "dtrain: error: Invalid value for '-np'"),
+        (["run", "-np", "two", "true"], "dtrain: error: -np two: not a whole number"),
         (["run", "-np", "2"], "dtrain: error: Missing argument 'COMMAND...'"),
         (["run", "--ranks", "x", "true"], "dtrain: error: --ranks 'x': not a list of ranks"),
         (["logs", "--since", "yesterday"], "dtrain: error: --since 'yesterday': not a duration"),

@@ -18,9 +18,9 @@ from launcher.core.config import (
     PsConfig,
     SshConfig,
     ViewConfig,
+    bounded_fields,
     config_from_json,
     config_to_json,
-    duration_bounds,
     validate_config,
 )
 from launcher.core.optionvalues import config_from_options
@@ -131,10 +131,13 @@ def test_restart_options_need_restarts(changes: dict[str, object], message: str)
         validate_config(config)
 
 
+DURATIONS = [(path, row.flag) for path, row in bounded_fields() if row.kind == "seconds"]
+
+
 def durations(value: float) -> list[tuple[JobConfig, str]]:
     """BASE with ``value`` in each duration of a config, and the flag its message names."""
     configs = []
-    for path, flag, _, _ in duration_bounds():
+    for path, flag in DURATIONS:
         concern, _, name = path.rpartition(".")
         if concern:
             inner = replace(getattr(BASE, concern), **{name: value})
@@ -159,7 +162,7 @@ def test_every_duration_is_finite_and_within_a_year(value: float) -> None:
 def test_the_durations_table_names_every_seconds_field() -> None:
     """A new *_s field of a config must be bounded too (and named as its flag)."""
     concerns = {"": BASE, "placement": BASE.placement, "ssh": BASE.ssh, "view": BASE.view}
-    named = {path for path, _, _, _ in duration_bounds()}
+    named = {path for path, _ in DURATIONS}
     for prefix, value in concerns.items():
         for f in fields(value):  # type: ignore[arg-type]
             if f.name.endswith("_s"):

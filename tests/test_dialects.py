@@ -122,7 +122,7 @@ def test_peer_values_in_dtrains_terms(parse, args: list[str], expected: dict[str
         (["--launcher", "slurm"], "--launcher slurm: dtrain starts ranks over ssh"),
         (["--redirects", "0:3,1:1"], "--redirects 0:3,1:1: dtrain takes 0, 1, 2 or 3"),
         (["--rdzv-endpoint", "node1"], "--rdzv-endpoint node1: expected HOST:PORT"),
-        (["--bind-to", "l3cache"], "Invalid value for '--bind-to'"),
+        (["--bind-to", "l3cache"], "--bind-to l3cache: not one of none, core, socket"),
     ],
 )
 def test_peer_values_dtrain_cannot_take(

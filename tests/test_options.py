@@ -80,3 +80,101 @@ def test_every_section_is_a_heading_and_every_row_has_help() -> None:
             assert row.flag.startswith("-"), row.decl
             if row.kind in ("choice",):
                 assert row.default in row.choices, row.decl
+
+
+BAD = {"int": "x", "seconds": "nan", "share": "2", "size": "lots", "choice": "zzz"}
+# Text options the config checks (validate_config), each with a value it refuses.
+BAD_TEXT = {
+    "ranks": "x",
+    "local_ranks": "0-",
+    "tag_format": "{nope}",
+    "network_interface": "a b",
+    "master_addr": "a b",
+    "map_by": "nod",
+    "nproc_per_node": "0",
+    "nnodes": "x",
+    "progress_regex": "step",
+}
+
+
+def cli_error(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """The problem and the hint ``dtrain run`` says of ``flag value`` (one line, exit 2)."""
+    from launcher.cli.main import main
+
+    capsys.readouterr()
+    assert main(["run", "--dry-run", "--no-config", flag, value, "true"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("dtrain: error: ") and "\n" not in line, line
+    said, _, hint = line.removeprefix("dtrain: error: ").rpartition(" (hint: ")
+    return said, hint.removesuffix(")")
+
+
+def api_error(keyword: str, value: str) -> tuple[str, str]:
+    """The problem and the hint ``launch(keyword=value)`` raises, before anything starts."""
+    from launcher.api.options import build_config
+    from launcher.base.errors import UsageError
+    from launcher.core.config import validate_config
+
+    with pytest.raises(UsageError) as caught:
+        validate_config(build_config({keyword: value, "no_config": True}, ["x"]))
+    return caught.value.message, caught.value.hint
+
+
+def bad_values() -> list[tuple[str, str, str]]:
+    from launcher.api.options import api_keywords
+
+    cases = []
+    for keyword, (row, negative) in api_keywords().items():
+        value = BAD.get(row.kind) or BAD_TEXT.get(keyword)
+        if value is not None and not negative:
+            cases.append((keyword, row.flag, value))
+    return cases
+
+
+@pytest.mark.parametrize(("keyword", "flag", "value"), bad_values())
+def test_a_bad_value_is_the_same_mistake_from_the_cli_and_the_api(
+    keyword: str, flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every option the table checks, and every text option the config checks: the command
+    line and launch() say the same problem and the same hint, each naming it as it was
+    given (``-np x`` / ``np='x'``) or both as its flag (a check of the whole config)."""
+    cli_said, cli_hint = cli_error(flag, value, capsys)
+    api_said, api_hint = api_error(keyword, value)
+    if api_said.startswith(f"{keyword}="):  # (named as given: the table's own check)
+        assert cli_said.startswith(f"{flag} ")
+        assert cli_said.partition(": ")[2] == api_said.partition(": ")[2]
+        assert cli_hint.replace(f"{flag} ", f"{keyword}=") == api_hint
+    else:
+        assert (cli_said, cli_hint) == (api_said, api_hint)
+
+
+def test_every_checked_kind_has_a_bad_value_case() -> None:
+    from launcher.api.options import api_keywords
+
+    kinds = {row.kind for row, _ in api_keywords().values()}
+    assert kinds - set(BAD) == {"text", "list", "pairs", "flag", "off", "toggle"}
+    assert len(bad_values()) >= 30
+
+
+def test_the_typed_keywords_are_the_tables() -> None:
+    """launch()'s and start()'s typed keywords (what an editor shows) are the table's, each
+    typed as its kind takes it."""
+    import typing
+
+    from launcher.api.options import api_keywords
+    from launcher.api.typedoptions import Options
+
+    hints = typing.get_type_hints(Options)
+    spelled = api_keywords()
+    assert set(hints) | {"np", "hosts", "hostfile"} == set(spelled)  # (those: named parameters)
+    single = {"flag": bool, "off": bool, "toggle": bool, "int": int, "seconds": float}
+    for name, hint in hints.items():
+        row, _ = spelled[name]
+        if row.kind in single or row.kind == "share":
+            assert hint is single.get(row.kind, float), name
+        elif row.kind == "choice":
+            assert (
+                typing.get_origin(hint) is typing.Literal and typing.get_args(hint) == row.choices
+            )
+        else:
+            assert hint is str or str in typing.get_args(hint) or row.kind == "pairs", name

@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from launcher.base.errors import UsageError
-from launcher.cli.keywords import option_flags
-from launcher.cli.main import run as run_command
 from launcher.core.command import LaunchSpec
 from launcher.core.config import JobConfig, config_from_json, config_to_json, validate_config
 from launcher.core.hosts import Host
+from launcher.core.options import keywords
 from launcher.run.stragglers import STRAGGLERS_LOG, ProgressWatch
 from launcher.streams.jobdir import JobDir
 from launcher.view.topview import rows_between, top_table
@@ -201,7 +200,7 @@ def test_the_watch_says_it_once_and_keeps_it_in_the_job_directory(tmp_path: Path
 
 
 def test_the_options_have_keywords_and_travel_to_a_detached_launcher() -> None:
-    flags = option_flags(run_command)
+    flags = keywords("run")
     assert {"progress_regex", "straggler_ratio", "straggler_after", "no_stragglers"} <= set(flags)
     config = JobConfig(
         ("x",),
@@ -245,13 +244,13 @@ def test_bad_values_through_the_python_api_are_refused(
         ),
         (
             ["--straggler-ratio", "0"],
-            "dtrain: error: Invalid value for '--straggler-ratio': 0.0 is not in the range "
-            "0<x<1. (hint: see 'dtrain run --help')",
+            "dtrain: error: --straggler-ratio 0: must be more than 0 and less than 1 "
+            "(hint: write e.g. --straggler-ratio 0.7)",
         ),
         (
             ["--straggler-after", "0"],
-            "dtrain: error: Invalid value for '--straggler-after': 0.0 is not in the range "
-            "x>=0.1. (hint: see 'dtrain run --help')",
+            "dtrain: error: --straggler-after 0: must be at least 0.1 seconds "
+            "(hint: give --straggler-after 0.1 or more)",
         ),
     ],
 )

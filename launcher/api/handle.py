@@ -15,13 +15,18 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.api.errors import JobFailed
 from launcher.api.launching import Prepared, Result, collect, prepare
 from launcher.base.errors import UsageError
 from launcher.run.attached import AttachedLauncher
 from launcher.streams.joblist import jobs_root
+
+if TYPE_CHECKING:  # (the keywords' types: for type checkers and editors only)
+    from typing_extensions import Unpack
+
+    from launcher.api.typedoptions import Options
 
 CHILD = "launcher.api.child"
 STARTING_POLL_S = 0.05  # logs(follow=True): how often to look whether the ranks started
@@ -105,7 +110,7 @@ def start(
     np: int | None = None,
     hosts: str | Sequence[str] | None = None,
     hostfile: str | os.PathLike[str] | None = None,
-    **options: Any,
+    **options: Unpack[Options],
 ) -> Job:
     """Start ``fn(*args, **kwargs)`` on every rank, as ``launch`` does, and return at once
     with a ``Job``; the job's lines go to its job directory only (``job.logs()``)."""

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from launcher.api.errors import JobFailed, RankFailed
 from launcher.api.options import build_config
@@ -29,6 +29,11 @@ from launcher.core.policy import describe_status
 from launcher.core.results import ERROR, PAYLOAD_VARIABLE, RUNNER
 from launcher.streams.jobdir import JobDir
 from launcher.streams.joblist import jobs_root
+
+if TYPE_CHECKING:  # (the keywords' types: for type checkers and editors only)
+    from typing_extensions import Unpack
+
+    from launcher.api.typedoptions import Options
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,7 @@ def launch(
     np: int | None = None,
     hosts: str | Sequence[str] | None = None,
     hostfile: str | os.PathLike[str] | None = None,
-    **options: Any,
+    **options: Unpack[Options],
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` on every rank, as ``dtrain run`` runs a program, and
     return a ``Result`` with what each rank returned.  ``options``: ``dtrain run``'s, named by

@@ -1,30 +1,26 @@
-"""``launch``'s keyword options -> ``dtrain run``'s own parser -> the one frozen ``JobConfig``.
+"""``launch``'s keyword options -> the options table -> the one frozen ``JobConfig``.
 
 An option is named by its long flag with ``_`` for ``-`` (``--max-restarts`` ->
 ``max_restarts=2``, ``-np`` -> ``np``, ``--no-collapse`` -> ``no_collapse=True`` or
-``collapse=False``), ``hosts`` is ``-H`` and ``env`` is ``-x``.  The options become the
-arguments ``dtrain run`` would have had, parsed by its click command without running it
-and turned into the config by ``cli.main.run_config``: the checks, the dialect rules and
-the errors are the command line's, raised as ``UsageError`` before anything starts.  The
-arguments never reach a process's command line (the payload's variables are among them).
-The keyword table is ``cli/keywords.py``'s, the project file's keys too: a ``dtrain.toml``
-above the caller's working directory gives its values under the keywords (as under a
-command line), and ``no_config=True`` (``--no-config``) ignores it.
+``collapse=False``), ``hosts`` is ``-H`` and ``env`` is ``-x`` (``core/options.keywords``,
+the project file's keys too).  Each value is converted and checked by the options table,
+as ``dtrain run``'s command line is (the same problem and hint, named by its keyword), the
+project file's values go under them (a ``dtrain.toml`` above the caller's working
+directory, as under a command line; ``no_config=True`` ignores it), and the options make
+the config as ``dtrain run``'s do (``core/optionvalues.run_options_config``): no click.
+The values never reach a process's command line (the payload's variables are among them).
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import click
-
 from launcher.base.errors import UsageError
-from launcher.cli.keywords import Flag, option_arguments
-from launcher.cli.keywords import option_flags as keyword_flags
-from launcher.cli.projectfile import API_CALL, GROUP
 from launcher.core.config import JobConfig
+from launcher.core.options import Option, defaults, keywords, parse
 
 # Options the API sets itself, with what to do instead.
 NOT_FOR_A_FUNCTION = {
@@ -35,12 +31,12 @@ NOT_FOR_A_FUNCTION = {
 HINT = "options are dtrain run's, named by the long flag with _ for - (see: dtrain run --help)"
 
 
-def option_flags(command: click.Command) -> dict[str, Flag]:
-    """Every keyword ``command``'s visible options take, by name, but those the API sets."""
-    flags = keyword_flags(command)
+def api_keywords() -> dict[str, tuple[Option, bool]]:
+    """Every keyword ``launch()`` takes (``dtrain run``'s, but those the API sets)."""
+    spelled = keywords("run")
     for name in NOT_FOR_A_FUNCTION:
-        flags.pop(name, None)
-    return flags
+        spelled.pop(name, None)
+    return spelled
 
 
 def unknown_option(name: str, known: Sequence[str]) -> UsageError:
@@ -51,27 +47,25 @@ def unknown_option(name: str, known: Sequence[str]) -> UsageError:
     return UsageError(f"no such option {name}=", hint)
 
 
-def run_arguments(options: Mapping[str, Any], command: click.Command) -> list[str]:
-    """The keyword options as ``dtrain run``'s arguments (None: not given)."""
-    flags = option_flags(command)
-    args: list[str] = []
+def keyword_values(options: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """The keywords given (None: not given) as option values by field, and those fields."""
+    from launcher.cli.keywords import env_items
+
+    spelled = api_keywords()
+    values: dict[str, Any] = {}
     for name, value in options.items():
         if value is None:
             continue
-        if name not in flags:
-            raise unknown_option(name, sorted(flags))
-        args += option_arguments(name, value, flags[name])
-    return args
-
-
-def given_options(options: Mapping[str, Any], command: click.Command) -> frozenset[str]:
-    """The options (by name) the keywords given set, whatever their value."""
-    flags = option_flags(command)
-    return frozenset(
-        str(flags[name].param.name)
-        for name, value in options.items()
-        if value is not None and name in flags
-    )
+        if name not in spelled:
+            raise unknown_option(name, sorted(spelled))
+        row, negative = spelled[name]
+        if name == "env":
+            value = env_items(value)
+        elif isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        parsed = parse(row, value, name)
+        values[row.field] = not parsed if negative else parsed
+    return values, set(values)
 
 
 def build_config(
@@ -79,18 +73,15 @@ def build_config(
 ) -> JobConfig:
     """The job's config, exactly as ``dtrain run OPTIONS -m -- PROGRAM`` makes it; ``payload``:
     ``NAME=VALUE`` variables every rank gets (as ``-x``), after the user's."""
-    from launcher.cli.main import cli, run, run_config
+    from launcher.cli.projectfile import Call, with_project_file
+    from launcher.core.optionvalues import run_options_config
 
-    args = run_arguments(options, run)
-    args += [arg for item in payload for arg in ("-x", item)]
-    try:
-        context = run.make_context("run", [*args, "--module", "--", *program], obj=args)
-        # The project file's values go under every keyword given, quiet=False too (a flag
-        # without a --no- form has no argument for False): its messages name keywords.
-        context.meta[API_CALL] = given_options(options, run)
-        context.meta[GROUP] = cli  # (the project file's other tables are its commands')
-        with context:
-            return run_config(dict(context.params))
-    except click.ClickException as exc:
-        message = exc.format_message().replace("\n", " ")
-        raise UsageError(message, HINT) from None
+    given, fields = keyword_values(options)
+    values = {**defaults("run"), **given, "module": True, "command": tuple(program)}
+    if payload:  # (given as -x would give them: the file's env is added, not instead)
+        values["exports"] = (*values["exports"], *payload)
+        fields.add("exports")
+    # (the project file's messages name the keywords: launch(np=2) is what the caller wrote)
+    flags = {row.field: f"{name}=" for name, (row, _) in api_keywords().items()}
+    call = Call("run", frozenset(fields), flags, api=True)
+    return run_options_config(with_project_file(values, call))

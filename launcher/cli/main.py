@@ -27,8 +27,8 @@ from launcher.cli.help import GroupedCommand
 from launcher.cli.lazygroup import LazyGroup
 from launcher.cli.options import COMMAND, CONTEXT, JOB_COMMAND, table_options
 from launcher.cli.projectfile import with_project_file
-from launcher.core.config import JobConfig, MpiConfig, PsConfig, pick
-from launcher.core.optionvalues import config_from_options
+from launcher.core.config import JobConfig, PsConfig, pick
+from launcher.core.optionvalues import config_from_options, run_options_config
 
 # The other commands, by concern; each module loads when its command is named (lazygroup.py).
 ELSEWHERE = {
@@ -77,12 +77,8 @@ def run(**options: Any) -> int:
 
 def run_config(options: dict[str, Any]) -> JobConfig:
     """``dtrain run``'s parsed options (in its click context), over the project file's, as
-    the job's config; the Python API (``launcher.launch``) builds its config here too."""
-    options = with_peer_spellings(with_project_file(options))
-    wants_mpi = options["mpi"] or options.get("launcher") == "openmpi"
-    mca = tuple(tuple(pair) for pair in options["mca"])
-    mpi = MpiConfig(options["mpirun"], mca, options["mpirun_args"]) if wants_mpi else None
-    return config_from_options(options, mpi=mpi)
+    the job's config (``launch()`` makes its config of the same table: api/options.py)."""
+    return run_options_config(with_peer_spellings(with_project_file(options)))
 
 
 def with_peer_spellings(options: dict[str, Any]) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from typing import Any, Protocol, TypeVar
 
 import click
 
-from launcher.core.bounds import MAX_SECONDS
-from launcher.core.options import FLAGS, OPTIONS, Option, options_of
+from launcher.core.bounds import MAX_PORT, MAX_SECONDS
+from launcher.core.options import FLAGS, OPTIONS, Option, options_of, parse
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,37 +60,6 @@ class Seconds(click.FloatRange):
         return seconds
 
 
-class Share(click.FloatRange):
-    """--straggler-ratio: a share, more than 0 and less than 1 (nan refused: click's range
-    lets it through, and no rate is ever below a nan share)."""
-
-    def __init__(self) -> None:
-        super().__init__(0, 1, min_open=True, max_open=True)
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        share = super().convert(value, param, ctx)
-        if not math.isfinite(share):
-            self.fail(f"{value} is not a number between 0 and 1", param, ctx)
-        return share
-
-
-class ByteSize(click.ParamType):  # type: ignore[type-arg]  # (generic from click 8.2)
-    """--sync-max-size: bytes, or a number with K, M, G or T (500M, 2G, 1.5GiB)."""
-
-    name = "size"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, int):
-            return value
-        from launcher.base.errors import UsageError
-        from launcher.core.synctree import parse_size
-
-        try:
-            return parse_size(str(value))
-        except UsageError:
-            self.fail(f"{value!r} is not a size (write bytes, or 500M, 2G)", param, ctx)
-
-
 CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # A job command's options end at COMMAND: what follows is the command's own.
 JOB_COMMAND: dict[str, Any] = {**CONTEXT, "allow_interspersed_args": False}
@@ -98,16 +67,61 @@ COMMAND = click.argument("command", nargs=-1, required=True, type=click.UNPROCES
 COUNT = {"metavar": "N", "show_default": True}
 
 
+class Checked(click.ParamType):  # type: ignore[type-arg]  # (generic from click 8.2)
+    """A table row's click type: click describes it in --help, the table converts and checks
+    the value (``core/options.parse``: one line naming the flag, as the API's keywords get)."""
+
+    row: Option
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return parse(self.row, value)
+
+
+class CheckedInt(Checked, click.types.IntParamType):
+    pass
+
+
+class CheckedRange(Checked, click.IntRange):
+    pass
+
+
+class CheckedSeconds(Checked, Seconds):
+    pass
+
+
+class CheckedShare(Checked, click.FloatRange):
+    pass
+
+
+class CheckedSize(Checked):
+    name = "size"
+
+
+class CheckedChoice(Checked, click.Choice):  # type: ignore[type-arg]
+    pass
+
+
 def click_type(row: Option) -> Any:
     """The click type of a row's kind (None: a string)."""
+    checked: Checked
     if row.kind == "seconds":
-        return Seconds(row.low or 0, row.highest or MAX_SECONDS)
-    if row.kind == "int":
-        both = row.low is None and row.high is None
-        return int if both else click.IntRange(row.low, row.high)  # type: ignore[arg-type]
-    if row.kind == "choice":
-        return click.Choice(row.choices, case_sensitive=not row.ignore_case)
-    return {"share": Share, "size": ByteSize}.get(row.kind, lambda: None)()
+        checked = CheckedSeconds(row.low or 0, row.highest or MAX_SECONDS)
+    elif row.kind == "int" and row.low is None and row.high is None:
+        checked = CheckedInt()
+    elif row.kind == "int":
+        # (--help shows the lowest value; the highest only of a port: the others are typo
+        # guards far beyond any job, checked all the same, as a duration's year is)
+        low = None if row.low is None else int(row.low)
+        checked = CheckedRange(low, MAX_PORT if row.high == MAX_PORT else None)
+    elif row.kind == "choice":
+        checked = CheckedChoice(row.choices, case_sensitive=not row.ignore_case)
+    elif row.kind in ("share", "size"):
+        share = CheckedShare(0, 1, min_open=True, max_open=True) if row.kind == "share" else None
+        checked = share or CheckedSize()
+    else:
+        return None
+    checked.row = row
+    return checked
 
 
 def click_option(row: Option) -> Decorator:

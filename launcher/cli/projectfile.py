@@ -16,18 +16,21 @@ first line says so (``dtrain: settings from ../dtrain.toml (np, env)``).
 Looking costs a launch three ``stat`` calls per folder above the working directory; a
 ``pyproject.toml`` is read only to see whether it names ``tool.dtrain``, and ``tomllib``
 is imported only when there is a file to parse.  The keys are the keywords of the
-command's options (``cli/keywords.py``, the Python API's table), their values parsed by
-the command's own click parser; checking them and merging is ``core/projectfile.py``'s.
+command's options (``core/options.keywords``, the Python API's too), their values converted
+by the options table, as a command line's are; checking them and merging is
+``core/projectfile.py``'s.  The command line and ``launch()`` both call ``with_project_file``:
+the one with its click context, the other with a ``Call`` that says what its keywords gave.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # (the rest is imported once a file is found: a launch without pays nothing)
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     import click
 
@@ -39,8 +42,6 @@ PYPROJECT_TABLE = ("tool", "dtrain")
 # A pyproject.toml is parsed only when a line of it starts dtrain's table or a key in it.
 NAMES_DTRAIN = r"""^\s*((\[\s*)?tool\s*\.\s*["']?dtrain\b|["']?dtrain["']?\s*=)"""
 MANUAL_HINT = "see docs/project-file.md"
-API_CALL = "dtrain.api_call"  # ctx.meta key: launch()'s, the options its keywords give
-GROUP = "dtrain.group"  # ctx.meta key: launch()'s, the command group whose run it parses with
 PATH_METAVARS: dict[str, PathKind] = {
     "FILE": "file",
     "DIR": "file",
@@ -48,82 +49,99 @@ PATH_METAVARS: dict[str, PathKind] = {
     "SCRIPT": "file",
     "PATH": "program",
 }
+# The project file's kind of value for each kind of the options table.
+KEY_KINDS: dict[str, Kind] = {
+    **dict.fromkeys(("flag", "off", "toggle"), "flag"),
+    "int": "int",
+    "seconds": "seconds",
+    "share": "share",
+    "choice": "choice",
+    "pairs": "pairs",
+    **dict.fromkeys(("text", "list", "size"), "text"),
+}
 
 
-def with_project_file(options: dict[str, Any]) -> dict[str, Any]:
-    """The current command's parsed options with the project file's values under them (the
-    command's: ``run``, ``ps``, ``sweep``): the file ``--config`` names, else the one found
+@dataclass(frozen=True)
+class Call:
+    """Who gives the options the file's values go under: the command (run, ps, sweep), the
+    options given (by field, whatever their value), how messages spell each, whether it is
+    ``launch()`` (its keywords) and the values other launchers' spellings gave."""
+
+    command: str
+    given: frozenset[str]
+    flags: Mapping[str, str]
+    api: bool = False
+    peers: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+
+    @property
+    def caller(self) -> Caller:
+        from launcher.core.projectfile import API_CALLER, Caller
+
+        return API_CALLER if self.api else Caller()
+
+
+def command_line_call() -> Call:
+    """The current click command's call: what its command line gave."""
+    import click
+
+    from launcher.cli.dialects import PEER_VALUES
+
+    ctx = click.get_current_context()
+    peers: Mapping[str, tuple[str, Any]] = ctx.meta.get(PEER_VALUES, {})
+    flags = {p.name: p.opts[0] for p in ctx.command.params if p.name and p.opts}
+    flags.update({field: spelled for field, (spelled, _) in peers.items()})
+    given = frozenset(given_options(ctx) | set(peers))
+    return Call(str(ctx.command.name), given, flags, peers=peers)
+
+
+def with_project_file(options: dict[str, Any], call: Call | None = None) -> dict[str, Any]:
+    """A command's options with the project file's values under them (``call``: who gives
+    them; None: the current click command): the file ``--config`` names, else the one found
     here or above (if it is to be trusted); unchanged with ``--no-config`` or no file."""
     named = options.get("project_file")
     if options.get("no_config"):
         if named is not None:
             from launcher.base.errors import UsageError
 
-            caller = caller_of()
+            caller = (call or command_line_call()).caller
             raise UsageError(
                 f"{caller.naming(str(named))} and {caller.ignore}: give one of them",
                 f"{caller.named} reads the file it names, {caller.ignore} none",
             )
         return options
     if named is not None:
-        return apply_project_file(named_project_file(str(named)), options)
-    try:
-        here = os.getcwd()
-    except OSError:  # (the working directory was removed: no project around it)
+        source: Source | None = named_project_file(str(named), call)
+    else:
+        try:
+            here = os.getcwd()
+        except OSError:  # (the working directory was removed: no project around it)
+            return options
+        source = find_project_file(here, os.environ, call)
+    if source is None:
         return options
-    source = find_project_file(here, os.environ)
-    return options if source is None else apply_project_file(source, options)
+    return apply_project_file(source, options, call or command_line_call())
 
 
-def caller_of() -> Caller:
-    """Who gives the options: the command line, or launch()'s keywords."""
-    import click
-
-    from launcher.core.projectfile import API_CALLER, Caller
-
-    return API_CALLER if API_CALL in click.get_current_context().meta else Caller()
-
-
-def apply_project_file(source: Source, options: dict[str, Any]) -> dict[str, Any]:
+def apply_project_file(source: Source, options: dict[str, Any], call: Call) -> dict[str, Any]:
     """``options`` with the file's values under them, said with --dry-run or --verbose."""
     import click
 
-    from launcher.cli.dialects import PEER_VALUES
-    from launcher.cli.keywords import option_flags
-    from launcher.core.projectfile import (
-        API_CALLER,
-        Caller,
-        check_file,
-        describe,
-        settings_for,
-        settle,
-    )
+    from launcher.core.projectfile import SECTIONS, check_file, describe, settings_for, settle
 
-    ctx = click.get_current_context()
-    command = ctx.command
-    name = str(command.name)
-    commands = project_commands(name, command)
-    keys = {section: keys_of(each) for section, each in commands.items()}
+    name = call.command
+    keys = {section: keys_of(section) for section in SECTIONS[1:]}
     checked = check_file(source, keys)
-    for other, its in commands.items():  # (its own table: parsed as dtrain OTHER would)
+    for other in SECTIONS[1:]:  # (its own table: converted as dtrain OTHER would)
         if other != name and checked.get(other):
-            parsed_values(its, settings_for(other, keys[other], checked))
+            parsed_values(other, settings_for(other, keys[other], checked))
     settings = without_unset_names(settings_for(name, keys[name], checked), os.environ)
-    values = parsed_values(command, settings) if settings else {}
-    peers: Mapping[str, tuple[str, Any]] = ctx.meta.get(PEER_VALUES, {})
-    api = API_CALL in ctx.meta  # (then: the options launch()'s keywords gave)
-    given = given_options(ctx) | set(peers) | set(ctx.meta.get(API_CALL, ()))
-    if api:  # (launch(np=2): the keyword is what the caller wrote)
-        flags = {f.param.name: f"{k}=" for k, f in option_flags(command).items() if f.param.name}
-    else:
-        flags = {p.name: p.opts[0] for p in command.params if p.name and p.opts}
-        flags.update({field: spelled for field, (spelled, _) in peers.items()})
+    values = parsed_values(name, settings)
+    given = call.given
     mpi = options.get("mpi") if "mpi" in given else values.get("mpi", options.get("mpi"))
-    mpi = bool(mpi) or peers.get("launcher", ("", ""))[1] == "openmpi"
-    merged, applied = settle(values, settings, options, given, flags, mpi)
-    caller = API_CALLER if api else Caller()
+    mpi = bool(mpi) or call.peers.get("launcher", ("", ""))[1] == "openmpi"
+    merged, applied = settle(values, settings, options, given, call.flags, mpi)
     if merged.get("dry_run") or merged.get("verbose"):
-        for line in describe(source, name, applied, caller):
+        for line in describe(source, name, applied, call.caller):
             click.echo(line, err=True)
     else:  # (the job's first line: whose settings steer it, every time)
         used = [a.setting.key.name for a in applied if a.how in ("set", "added")]
@@ -167,7 +185,9 @@ def without_unset_names(settings: list[Setting], environ: Mapping[str, str]) -> 
     return kept
 
 
-def find_project_file(start: str, environ: Mapping[str, str]) -> Source | None:
+def find_project_file(
+    start: str, environ: Mapping[str, str], call: Call | None = None
+) -> Source | None:
     """The nearest project file at or above ``start``, read (None: there is none, or the
     nearest is not to be trusted, said in one line).  The search stops at a folder of
     another user's (not root's): what is above it is not this project's."""
@@ -176,7 +196,7 @@ def find_project_file(start: str, environ: Mapping[str, str]) -> Source | None:
     folder = start
     while True:
         for path, prefix in candidates(folder):
-            if not trusted_here(path, prefix, environ):
+            if not trusted_here(path, prefix, environ, call):
                 return None
             source = read_project_file(path, prefix, start)
             if source is None:  # (a pyproject.toml without [tool.dtrain] after all)
@@ -203,7 +223,9 @@ def candidates(folder: str) -> list[tuple[str, tuple[str, ...]]]:
     return []
 
 
-def trusted_here(path: str, prefix: tuple[str, ...], environ: Mapping[str, str]) -> bool:
+def trusted_here(
+    path: str, prefix: tuple[str, ...], environ: Mapping[str, str], call: Call | None = None
+) -> bool:
     """Whether a project file the search found may steer the run (``base/trust.py``'s rule:
     the user's or root's, and nothing above it writable by others); if not, one line says
     it is ignored, why, and what to do."""
@@ -215,7 +237,7 @@ def trusted_here(path: str, prefix: tuple[str, ...], environ: Mapping[str, str])
     if doubt is None:
         return True
     said = doubt.said()
-    use = f"run with {caller_of().naming(path)} to use it"
+    use = f"run with {(call or command_line_call()).caller.naming(path)} to use it"
     loose = others_may_write(path, environ)  # (then --config refuses it too)
     if loose is not None:
         hint = loose.fix()
@@ -229,13 +251,13 @@ def trusted_here(path: str, prefix: tuple[str, ...], environ: Mapping[str, str])
     return False
 
 
-def named_project_file(given: str) -> Source:
+def named_project_file(given: str, call: Call | None = None) -> Source:
     """The project file ``--config`` names, read as given, whoever owns it; but not one others
     can write (its group may where the group is its owner's own, or a trusted folder's)."""
     from launcher.base.errors import UsageError
     from launcher.base.trust import others_may_write
 
-    named = caller_of().named
+    named = (call or command_line_call()).caller.named
     shown = f"{named} {given}"
     doubt = others_may_write(given, os.environ)
     if doubt is not None:
@@ -307,86 +329,46 @@ def toml_error(exc: ValueError) -> str:
     return f"{found[1]}:{found[2]}: {message[: found.start()] + message[found.end() :]}"
 
 
-def project_commands(name: str, command: click.Command) -> dict[str, click.Command]:
-    """The commands of the file's tables (a mistake anywhere in the file is said), with
-    ``name``'s own ``command``: the group's, that the command line was parsed in, or (the API
-    parses with ``run`` outside the group) the one its context names under ``GROUP``."""
-    import click
-
-    from launcher.core.projectfile import SECTIONS
-
-    ctx = click.get_current_context()
-    group = ctx.meta.get(GROUP, ctx.find_root().command)
-    assert isinstance(group, click.Group), group
-    commands = {section: group.commands[section] for section in SECTIONS[1:]}
-    commands[name] = command
-    return commands
-
-
-def keys_of(command: click.Command) -> dict[str, Key]:
-    """A command's keys: its options' keywords, each with the type of value it takes."""
-    import click
-
-    from launcher.cli.keywords import option_flags
-    from launcher.cli.options import Share
+def keys_of(command: str) -> dict[str, Key]:
+    """A command's keys: its options' keywords, each with the kind of value it takes."""
+    from launcher.core.options import keywords
     from launcher.core.projectfile import Key
 
     keys: dict[str, Key] = {}
-    for name, flag in option_flags(command).items():
-        param = flag.param
-        choices: tuple[str, ...] = ()
-        kind: Kind
-        if name == "env":
-            kind = "env"
-        elif param.is_flag:
-            kind = "flag"
-        elif param.nargs == 2:
-            kind = "pairs"
-        elif isinstance(param.type, click.Choice):
-            kind, choices = "choice", tuple(map(str, param.type.choices))
-        elif isinstance(param.type, click.types.IntParamType):
-            kind = "int"
-        elif isinstance(param.type, Share):
-            kind = "share"
-        elif isinstance(param.type, click.types.FloatParamType):
-            kind = "seconds"
-        else:
-            kind = "text"
-        path = PATH_METAVARS.get(str(param.metavar)) if kind == "text" else None
-        keys[name] = Key(name, str(param.name), kind, param.multiple, choices, path)
+    for name, (row, _) in keywords(command).items():
+        kind = "env" if name == "env" else KEY_KINDS[row.kind]
+        path = PATH_METAVARS.get(str(row.metavar)) if kind == "text" else None
+        multiple = row.kind in ("list", "pairs")
+        keys[name] = Key(name, row.field, kind, multiple, row.choices, path)
     return keys
 
 
-def parsed_values(command: click.Command, settings: Sequence[Setting]) -> dict[str, Any]:
-    """The settings' values as the command's own parser makes them of the same options on
-    a command line (its types, ranges and choices): option -> value."""
-    import click
-
+def parsed_values(command: str, settings: Sequence[Setting]) -> dict[str, Any]:
+    """The settings' values as the options table converts the same options given on a
+    command line (their kinds, bounds and choices): option -> value."""
     from launcher.base.errors import UsageError
-    from launcher.cli.keywords import option_arguments, option_flags
-    from launcher.core.projectfile import MANUAL, toml_text
+    from launcher.cli.keywords import env_items
+    from launcher.core.options import BadValue, convert, keywords
+    from launcher.core.projectfile import toml_text
 
-    flags = option_flags(command)
-    args = [
-        arg
-        for setting in settings
-        for arg in option_arguments(setting.key.name, setting.value, flags[setting.key.name])
-    ]
-    try:
-        parsed = command.make_context(str(command.name), [*args, "--", "true"])
-    except click.BadParameter as exc:
-        param = exc.param.name if exc.param is not None else None
-        bad = next((s for s in settings if s.key.field == param), None)
-        if bad is None:
-            raise UsageError(f"{settings[0].where}: {exc.format_message()}", MANUAL) from None
-        raise UsageError(
-            f"{bad.where}: {bad.table} {bad.key.name} = {toml_text(bad.written)}: {exc.message}",
-            f"see dtrain {command.name} --help",
-        ) from None
-    except click.ClickException as exc:
-        where = settings[0].where if settings else ""
-        raise UsageError(f"{where}: {exc.format_message()}", MANUAL) from None
-    return {setting.key.field: parsed.params[setting.key.field] for setting in settings}
+    spelled = keywords(command)
+    values: dict[str, Any] = {}
+    for setting in settings:
+        name = setting.key.name
+        if setting.key.kind == "env":
+            values[setting.key.field] = tuple(env_items(setting.value))
+            continue
+        row, negative = spelled[name]
+        try:
+            value = convert(row, setting.value)
+        except BadValue as bad:
+            written = toml_text(setting.written)
+            raise UsageError(
+                f"{setting.where}: {setting.table} {name} = {written}: {bad.problem}",
+                bad.said(row, f"{name} = "),
+            ) from None
+        values[setting.key.field] = not value if negative else value
+    return values
 
 
 def given_options(ctx: click.Context) -> set[str]:

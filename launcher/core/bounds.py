@@ -12,7 +12,6 @@ types apply them too, so that a bad value is named as the option that gave it.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable
 
@@ -49,39 +48,6 @@ def check_count(flag: str, value: int | None, low: int, high: int) -> None:
         raise UsageError(f"{flag} {value}: more than {high:,}", f"give {flag} {high} or less")
 
 
-def check_seconds(
-    flag: str, value: float | None, low: float = 0.0, high: float = MAX_SECONDS
-) -> None:
-    """A duration (None: not given): a finite number of seconds in [low, high]; nan would
-    never run out (a grace that never escalates to SIGKILL), inf overflows the waits."""
-    if value is None:
-        return
-    if not math.isfinite(value):
-        raise UsageError(
-            f"{flag} {value}: not a finite number of seconds",
-            f"give seconds as a number, e.g. {flag} 30",
-        )
-    if value < low:
-        raise UsageError(
-            f"{flag} {value:g}: must be at least {low:g} seconds", f"give {flag} {low:g} or more"
-        )
-    if value > high:
-        within = " (a year)" if high == MAX_SECONDS else ""
-        raise UsageError(
-            f"{flag} {value:g}: more than {high:g} seconds{within}",
-            f"give {flag} {high:g} or less",
-        )
-
-
-def check_ratio(flag: str, value: float) -> None:
-    """A share of something (of the median rate): more than 0 and less than 1."""
-    if not (math.isfinite(value) and 0 < value < 1):
-        raise UsageError(
-            f"{flag} {value:g}: must be more than 0 and less than 1",
-            f"give a share of the median, e.g. {flag} 0.7",
-        )
-
-
 def parse_count(flag: str, text: str, high: int) -> int | None:
     """``text`` as a positive count of at most ``high`` (None: not a count at all, so the
     caller can try its words, e.g. ``auto``); too large or zero: one line naming ``flag``."""
@@ -93,13 +59,6 @@ def parse_count(flag: str, text: str, high: int) -> int | None:
         raise UsageError(f"{flag} {shown}: more than {high:,}", f"give {flag} {high} or less")
     check_count(flag, int(text), 1, high)
     return int(text)
-
-
-def check_port(flag: str, port: int | None, example: int) -> None:
-    if port is not None and not 1 <= port <= MAX_PORT:
-        raise UsageError(
-            f"{flag} {port}: not a port (1-{MAX_PORT})", f"write e.g. {flag} {example}"
-        )
 
 
 def check_interfaces(flag: str, text: str | None) -> None:

@@ -16,16 +16,10 @@ from typing import Any, Literal, TypeVar
 
 from launcher.base.errors import UsageError
 from launcher.core.bounds import (
-    MAX_GPUS_PER_RANK,
     MAX_HOSTS,
     MAX_RANKS,
-    MAX_RESTARTS,
-    MAX_SECONDS,
     check_count,
     check_interfaces,
-    check_port,
-    check_ratio,
-    check_seconds,
     check_total,
 )
 from launcher.core.options import (
@@ -35,6 +29,8 @@ from launcher.core.options import (
     DEFAULT_STRAGGLER_AFTER_S,
     DEFAULT_STRAGGLER_RATIO,
     OPTIONS,
+    Option,
+    parse,
 )
 
 STEP_GROUP = "step"  # the --progress-regex group that holds the step, when it has several
@@ -257,19 +253,16 @@ def check_job_bounds(config: JobConfig) -> None:
     """Every count, duration, port and name of a config within its bounds (one line naming
     the flag otherwise): what ``validate_config`` checks before anything is planned."""
     placement = config.placement
-    check_count("-np", placement.np, 1, MAX_RANKS)
-    check_count("--min-np", placement.min_np, 1, MAX_RANKS)
-    check_count("--max-np", placement.max_np, 1, MAX_RANKS)
+    for path, row in bounded_fields(config.ps is not None):  # (the options table's bounds)
+        value = field_value(config, path)
+        if value is not None:
+            parse(row, value)
     check_count("--nnodes", placement.nnodes, 1, MAX_HOSTS)
     if isinstance(placement.nproc_per_node, int):
         per_node = placement.nproc_per_node
         check_count("--nproc-per-node", per_node, 1, MAX_RANKS)
         ranks = per_node * (placement.nnodes or 1)
         check_total("--nproc-per-node x --nnodes", [ranks], MAX_RANKS, "ranks")
-    check_count("--gpus-per-rank", placement.gpus_per_rank, 1, MAX_GPUS_PER_RANK)
-    check_count("--max-restarts", config.max_restarts, 0, MAX_RESTARTS)
-    check_port("--master-port", placement.master_port, 29500)
-    check_port("--ssh-port", config.ssh.port, 22)
     if placement.master_addr is not None:
         from launcher.core.hosts import check_host_name  # (dtrain --help need not load it)
 
@@ -279,28 +272,23 @@ def check_job_bounds(config: JobConfig) -> None:
             hint = "give a host name or an IP address, e.g. --master-addr node1 or 10.0.0.1"
             raise UsageError(exc.message, hint) from None
     check_interfaces("--network-interface", config.env.nics)
-    for path, flag, low, high in duration_bounds():
-        check_seconds(flag, field_value(config, path), low, high)
-    check_ratio("--straggler-ratio", config.straggler_ratio)
     if config.ps is not None:
-        check_count("--workers", config.ps.workers, 1, MAX_RANKS)
-        check_count("--ps", config.ps.ps_tasks, 1, MAX_RANKS)
-        check_count("--restart-workers", config.ps.restart_workers, 0, MAX_RESTARTS)
         tasks = (config.ps.workers, config.ps.ps_tasks, 1, int(config.ps.evaluator))  # +chief
         check_total("--workers and --ps", tasks, MAX_RANKS, "tasks")
 
 
-def duration_bounds() -> tuple[tuple[str, str, float, float], ...]:
-    """Every duration of a config, as the options table bounds it: (its field's path in the
-    config, its flag, the lowest value it takes, the highest)."""
+def bounded_fields(ps: bool = True) -> tuple[tuple[str, Option], ...]:
+    """Every number of a config the options table bounds: its field's path in the config
+    (``ssh.timeout_s``), with its row (``ps``: with the parameter-server tasks' numbers)."""
     concerns = {"": JobConfig, "placement": PlacementConfig, "ssh": SshConfig, "view": ViewConfig}
+    concerns.update({"ps": PsConfig} if ps else {})
     paths = {
         f.name: f"{concern}.{f.name}" if concern else f.name
         for concern, kind in concerns.items()
         for f in fields(kind)
     }
-    seconds = [row for row in OPTIONS if row.kind == "seconds"]
-    return tuple((paths[r.field], r.flag, r.low or 0.0, r.highest or MAX_SECONDS) for r in seconds)
+    numbers = [row for row in OPTIONS if row.kind in ("int", "seconds", "share")]
+    return tuple((paths[row.field], row) for row in numbers if row.field in paths)
 
 
 def field_value(config: JobConfig, path: str) -> Any:

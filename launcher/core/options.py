@@ -13,9 +13,19 @@ are ``cli/dialects.py``'s table.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple
 
-from launcher.core.bounds import MAX_SECONDS
+from launcher.base.errors import UsageError
+from launcher.core.bounds import (
+    DIGITS,
+    MAX_GPUS_PER_RANK,
+    MAX_PORT,
+    MAX_RANKS,
+    MAX_RESTARTS,
+    MAX_SECONDS,
+)
 
 # text: a string; int: a whole number (from low to high, where given); seconds: a finite
 # duration from low to high (a year unless less is given); share: more than 0, less than 1;
@@ -64,9 +74,8 @@ class Option(NamedTuple):
 
     @property
     def flag(self) -> str:
-        """The flag messages name it by: its first long flag (-x has none: -x)."""
-        words = self.decl.replace("/", " ").split()
-        return next((word for word in words if word.startswith("--")), words[0])
+        """The flag messages name it by: its first (-np, -H, -x, --grace)."""
+        return self.decl.replace("/", " ").split()[0]
 
     @property
     def highest(self) -> float | None:
@@ -78,9 +87,9 @@ class Option(NamedTuple):
 # Heading -> its options, in the order --help shows them.
 SECTIONS: dict[str, tuple[Option, ...]] = {
     "Parameter server": (
-        Option("--workers", "int", on="ps", metavar="N", default=1, low=1,
+        Option("--workers", "int", on="ps", metavar="N", default=1, low=1, high=MAX_RANKS,
             help="Number of worker tasks."),
-        Option("--ps ps_tasks", "int", on="ps", metavar="N", default=1, low=1,
+        Option("--ps ps_tasks", "int", on="ps", metavar="N", default=1, low=1, high=MAX_RANKS,
             help="Number of parameter-server tasks."),
         Option("--evaluator", "flag", on="ps", help="Add an evaluator task (TensorFlow)."),
         Option("--framework", "choice", on="ps", default="tf", choices=("tf", "torch"),
@@ -125,7 +134,7 @@ SECTIONS: dict[str, tuple[Option, ...]] = {
         Option("--hostfile", on=HOSTS, metavar="FILE",
             help="Hostfile (Open MPI/DeepSpeed 'host slots=N', Horovod/MPICH 'host:N', one per "
                  "line)."),
-        Option("-np --np", "int", on="run", metavar="N",
+        Option("-np --np", "int", on="run", metavar="N", low=1, high=MAX_RANKS,
             help="Number of ranks (default: all slots)."),
         Option("--nproc-per-node", on="run", metavar="K",
             help="Start K ranks on every host (torchrun style), instead of -np; auto: one per GPU,"
@@ -146,7 +155,8 @@ SECTIONS: dict[str, tuple[Option, ...]] = {
         Option("--transport", "choice", default="auto", choices=("auto", "ssh", "slurm"),
             help="How ranks start on other hosts: ssh, or slurm (srun, inside an allocation; the "
                  "default there when no -H/--hostfile is given)."),
-        Option("--gpus-per-rank", "int", on=JOB, metavar="K", help="Bind K GPUs to each rank."),
+        Option("--gpus-per-rank", "int", on=JOB, metavar="K", low=1, high=MAX_GPUS_PER_RANK,
+            help="Bind K GPUs to each rank."),
         Option("--no-gpu-binding gpu_binding", "off", on=JOB,
             help="Leave CUDA_VISIBLE_DEVICES alone."),
         Option("--bind-to", "choice", on="run", default="none", choices=("none", "core", "socket"),
@@ -246,16 +256,17 @@ SECTIONS: dict[str, tuple[Option, ...]] = {
                  "or above)."),
     ),
     "Restarts": (
-        Option("--max-restarts", "int", metavar="N", default=0, low=0,
+        Option("--max-restarts", "int", metavar="N", default=0, low=0, high=MAX_RESTARTS,
             help="After a failure, start the whole job again, at most N times (new rendezvous "
                  "port; ranks see DTRAIN_RESTART_COUNT)."),
         Option("--restart-workers", "int", on="ps", metavar="N", default=0, low=0,
+            high=MAX_RESTARTS,
             help="Restart a failed worker in place up to N times."),
         Option("--restart-delay restart_delay_s", "seconds", low=0,
             help="Wait between attempts (default: 1 s, doubling up to 30 s)."),
-        Option("--min-np", "int", metavar="N", low=1,
+        Option("--min-np", "int", metavar="N", low=1, high=MAX_RANKS,
             help="A restart may run fewer ranks (down to N) on the hosts left after failures."),
-        Option("--max-np", "int", metavar="N", low=1,
+        Option("--max-np", "int", metavar="N", low=1, high=MAX_RANKS,
             help="...and grows back up to N ranks when hosts return (default: -np)."),
         Option("--host-discovery-script", metavar="SCRIPT",
             help="It prints the hosts, one host[:slots] per line; run before every attempt and "
@@ -320,3 +331,186 @@ GROUP_OF = {option.field: heading for heading, rows in SECTIONS.items() for opti
 def options_of(command: str) -> tuple[Option, ...]:
     """The options ``command`` has (``run``, ``ps``, ``sweep``, ``hosts``, ``check``)."""
     return tuple(option for option in OPTIONS if command in option.on.split())
+
+
+# The keywords whose flags' names would not say them: -H/--host takes hosts, -x env.
+KEYWORD_ALIASES = {"host": "hosts", "x": "env"}
+
+
+def keywords(command: str) -> dict[str, tuple[Option, bool]]:
+    """The keywords of ``command``'s options (the Python API's arguments, the project file's
+    keys): each long flag with ``_`` for ``-`` (``max_restarts``, ``np``), ``hosts`` for -H
+    and ``env`` for -x; with whether it is a negative spelling (``no_color=True`` and
+    ``no_gpu_binding=True`` set their fields to False)."""
+    found: dict[str, tuple[Option, bool]] = {}
+    for row in options_of(command):
+        words = row.decl.split()[0].split("/") + row.decl.split()[1:]
+        flags = [word for word in words if word.startswith("--")] or words[:1]
+        for flag in flags:
+            name = flag.lstrip("-").replace("-", "_")
+            negative = row.kind == "off" or (row.kind == "toggle" and flag == flags[-1])
+            found[KEYWORD_ALIASES.get(name, name)] = (row, negative)
+    return found
+
+
+def defaults(command: str) -> dict[str, Any]:
+    """Every option of ``command`` as it is when not given (by field), converted."""
+    empty: dict[str, Any] = {"flag": False, "off": True, "list": (), "pairs": ()}
+    return {
+        row.field: empty[row.kind] if row.kind in empty else
+        None if row.default is None else convert(row, row.default)
+        for row in options_of(command)
+    }  # fmt: skip
+
+
+class BadValue(Exception):
+    """What is wrong with a value given for an option, and what to give instead (the caller
+    names where it was given: a flag, a keyword, a project file's key)."""
+
+    def __init__(self, problem: str, hint: str) -> None:
+        super().__init__(problem)
+        self.problem, self.hint = problem, hint
+
+    def said(self, row: Option, spelled: str) -> str:
+        """The hint with the option spelled as where it was given (``np=``, ``np = ``)."""
+        return self.hint.replace(f"{row.flag} ", spelled)
+
+
+def parse(row: Option, value: Any, keyword: str | None = None) -> Any:
+    """A value given for ``row`` (a word of a command line, or a Python value of the API's)
+    as the config takes it; else one line naming its flag (or ``keyword=``, the API's)."""
+    try:
+        return convert(row, value)
+    except BadValue as bad:
+        if keyword is not None:  # (its hint too: give max_restarts=0 or more)
+            raise UsageError(
+                f"{keyword}={value!r}: {bad.problem}", bad.said(row, f"{keyword}=")
+            ) from None
+        shown = value if isinstance(value, str) and value.split() == [value] else repr(value)
+        shown = f"{value:g}" if isinstance(value, float) else shown
+        raise UsageError(f"{row.flag} {shown}: {bad.problem}", bad.hint) from None
+
+
+def convert(row: Option, value: Any) -> Any:
+    """``value`` as ``row``'s kind takes it (BadValue: it does not)."""
+    kind = row.kind
+    if kind in FLAGS:
+        if not isinstance(value, bool):
+            raise BadValue("a flag takes True or False", f"write {row.flag} True")
+        return value
+    if kind == "list":
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise BadValue("not a list", f"give {row.flag} once per item")
+        if not items and row.field == "host_lists":
+            return ("",)  # (hosts=[] is -H '': no hosts, refused; not this machine)
+        return tuple(str(item) for item in items)
+    if kind == "pairs":
+        pairs = list(value.items()) if isinstance(value, Mapping) else value
+        if not isinstance(pairs, list | tuple) or not all(
+            isinstance(pair, list | tuple) and len(pair) == 2 for pair in pairs
+        ):
+            raise BadValue("not NAME VALUE pairs", f"give {row.flag} NAME VALUE once per pair")
+        return tuple((str(pair[0]), str(pair[1])) for pair in pairs)
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise BadValue(f"not {KIND_WORDS[kind]}", example(row))
+    converter = CONVERTERS.get(kind)
+    return str(value) if converter is None else converter(row, value)
+
+
+KIND_WORDS = {
+    "text": "text",
+    "int": "a whole number",
+    "seconds": "a number of seconds",
+    "share": "a number between 0 and 1",
+    "size": "a size",
+    "choice": "a word",
+}
+
+
+def example(row: Option) -> str:
+    """The hint after a value of the wrong kind: the row's default, else a value of its kind."""
+    if row.kind == "choice":
+        return f"give one of {', '.join(row.choices)}"
+    sample = {"int": max(4, row.low or 0), "seconds": 30, "share": 0.7}
+    if row.high == MAX_PORT:
+        sample["int"] = 22 if "ssh" in row.flag else 29500
+    value = row.default if row.default is not None else sample.get(row.kind, "...")
+    shown = f"{value:g}" if isinstance(value, float) else value
+    return f"write e.g. {row.flag} {shown}"
+
+
+def to_int(row: Option, value: str | int | float) -> int:
+    text = str(value).strip()
+    digits = text.removeprefix("-")
+    if isinstance(value, float) or not DIGITS.fullmatch(digits):
+        raise BadValue("not a whole number", example(row))
+    if len(digits.lstrip("0")) > 18 and row.high is not None:  # (before int(): 5,000 digits)
+        within(row, -math.inf if text.startswith("-") else math.inf, "")
+    if len(digits.lstrip("0")) > 18:
+        raise BadValue("more digits than any count has", example(row))
+    return int(within(row, int(text), ""))
+
+
+def to_seconds(row: Option, value: str | int | float) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise BadValue("not a number of seconds", example(row)) from None
+    if not math.isfinite(seconds):
+        raise BadValue("not a finite number of seconds", example(row))
+    return float(within(row, seconds, " seconds"))
+
+
+def within(row: Option, number: float, unit: str) -> float:
+    """``number`` within the row's bounds (a duration's highest is a year unless less)."""
+    low, high = row.low, row.highest
+    if high == MAX_PORT and not low <= number <= high:  # type: ignore[operator]
+        raise BadValue(f"not a port (1-{MAX_PORT})", example(row))
+    if low is not None and number < low:
+        raise BadValue(f"must be at least {low:g}{unit}", f"give {row.flag} {low:g} or more")
+    if high is not None and number > high:
+        year = " (a year)" if row.kind == "seconds" and high == MAX_SECONDS else ""
+        shown, plain = (f"{high:g}",) * 2 if unit else (f"{int(high):,}", str(int(high)))
+        raise BadValue(f"more than {shown}{unit}{year}", f"give {row.flag} {plain} or less")
+    return number
+
+
+def to_share(row: Option, value: str | int | float) -> float:
+    try:
+        share = float(value)
+    except ValueError:
+        share = math.nan
+    if not (math.isfinite(share) and 0 < share < 1):
+        raise BadValue("must be more than 0 and less than 1", example(row))
+    return share
+
+
+def to_size(row: Option, value: str | int | float) -> int:
+    from launcher.core.synctree import parse_size
+
+    try:
+        return value if isinstance(value, int) else parse_size(str(value))
+    except UsageError:
+        raise BadValue("not a size", "write bytes, or a number with K, M or G: 500M, 2G") from None
+
+
+def to_choice(row: Option, value: str | int | float) -> str:
+    text = str(value)
+    for choice in row.choices:
+        if text == choice or (row.ignore_case and text.lower() == choice.lower()):
+            return choice
+    import difflib
+
+    close = difflib.get_close_matches(text.lower(), row.choices, n=1, cutoff=0.6)
+    hint = f"did you mean {row.flag} {close[0]}?" if close else "give one of them"
+    raise BadValue(f"not one of {', '.join(row.choices)}", hint)
+
+
+CONVERTERS: dict[str, Callable[[Option, str | int | float], Any]] = {
+    "int": to_int,
+    "seconds": to_seconds,
+    "share": to_share,
+    "size": to_size,
+    "choice": to_choice,
+}

@@ -49,6 +49,16 @@ def config_from_options(
     )
 
 
+def run_options_config(options: Mapping[str, Any]) -> JobConfig:
+    """``dtrain run``'s options (its command line's or ``launch()``'s, the project file's
+    under them) as the job's config; with --mpi (or deepspeed's ``--launcher openmpi``),
+    mpirun's own settings."""
+    wants_mpi = options["mpi"] or options.get("launcher") == "openmpi"
+    mca = tuple((str(name), str(value)) for name, value in options["mca"])
+    mpi = MpiConfig(options["mpirun"], mca, options["mpirun_args"]) if wants_mpi else None
+    return config_from_options(options, mpi=mpi)
+
+
 # mpirun's own settings: without --mpi nothing reads them, so giving one is a mistake to say.
 MPI_ONLY = (("mca", "--mca"), ("mpirun", "--mpirun"), ("mpirun_args", "--mpirun-args"))
 

@@ -217,10 +217,6 @@ def pick_rows(rows: Sequence[TrialRow], room: int) -> list[TrialRow]:
     return sorted(chosen, key=lambda row: row.trial)
 
 
-def describe_state(row: TrialRow) -> str:
-    return row.state + (f" ({row.exit_code})" if row.exit_code else "")
-
-
 def fit_columns(columns: Sequence[Column], width: int) -> list[Column]:
     """The columns that fit ``width`` (rich's box: 3 characters per column and 1), leaving
     out the highest priorities first; those of priority 0 stay whatever the width."""
