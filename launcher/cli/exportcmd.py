@@ -183,12 +183,11 @@ def export_k8s(**options: Any) -> int:
       dtrain export k8s --kind mpijob --image IMG -np 8 python train.py
       kubectl apply -f job.yaml
     """
-    from launcher.core.env import resolve_env_args
     from launcher.core.manifest import kube_config, plain_values_notice, render_manifest
-    from launcher.run.namedfiles import read_env_files
+    from launcher.run.early import job_variables
 
     config, kube = kube_config(options)
-    env = resolve_env_args(config.env.exports, read_env_files(config.env.env_files), os.environ)
+    env = job_variables(config, os.environ)
     click.echo(render_manifest(config, kube, env), nl=False)
     notice = plain_values_notice(env)
     if notice is not None:

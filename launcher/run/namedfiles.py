@@ -46,11 +46,6 @@ def read_hostfile(path: str) -> str:
     return read_user_text(path, "--hostfile", HOSTFILE_LIMIT)
 
 
-def read_env_files(paths: Sequence[str]) -> list[tuple[str, str]]:
-    """Each ``--env-file`` with its text, as ``resolve_env_args`` takes them."""
-    return [(path, read_user_text(path, "--env-file", TEXT_LIMIT)) for path in paths]
-
-
 def check_ssh_files(ssh: SshConfig) -> None:
     """``--ssh-config`` and ``--ssh-identity`` are files that can be read (``/dev/null``
     as an empty config): said now, in one line, rather than as a hang or at connect time."""

@@ -18,7 +18,6 @@ from pathlib import Path
 from launcher.base.errors import UsageError
 from launcher.base.jobid import new_job_id
 from launcher.core.config import JobConfig, validate_config
-from launcher.core.env import resolve_env_args
 from launcher.core.hosts import Host
 from launcher.core.sweep import (
     SearchSpace,
@@ -32,7 +31,8 @@ from launcher.core.sweep import (
     unused_params,
     variable_name,
 )
-from launcher.run.namedfiles import check_ssh_files, read_env_files
+from launcher.run.early import job_variables
+from launcher.run.namedfiles import check_ssh_files
 from launcher.run.survey import hostfile_shorthand, read_hosts
 from launcher.run.trial import trial_config
 from launcher.streams.jobdir import make_private_dir
@@ -199,8 +199,7 @@ def check_sweep(
             base, Path(), settings.np_per_trial, trial, "check", Path("hosts"), 1, "metrics"
         )
         validate_config(config)
-        files = read_env_files(config.env.env_files)
-        resolve_env_args(config.env.exports, files, environ)  # as dtrain run refuses them
+        job_variables(config, environ)  # as dtrain run refuses them
         check_ssh_files(config.ssh)
     return trials, hosts
 
