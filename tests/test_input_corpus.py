@@ -41,7 +41,7 @@ from click.testing import CliRunner
 from launcher.base.errors import UsageError
 from launcher.cli.dialects import PEER_FLAGS
 from launcher.cli.main import cli, main
-from launcher.cli.options import CheckedShare, Seconds
+from launcher.cli.options import CheckedSeconds, CheckedShare
 from tests.conftest import REPO
 from tests.otheruser import OtherUser
 
@@ -592,7 +592,7 @@ def test_bad_input_gives_one_line_or_a_correct_result(
 
 
 def test_every_float_option_is_a_duration_refusing_nan_and_inf() -> None:
-    """No float option can miss the check: each is a ``Seconds``, which refuses nan, inf and
+    """No float option can miss the check: each is a ``CheckedSeconds``, which refuses nan, inf and
     more than a year, or a ``Share`` (--straggler-ratio), which refuses nan and all but
     (0, 1) (the corpus runs each of them with those values)."""
     floats = [
@@ -602,7 +602,7 @@ def test_every_float_option_is_a_duration_refusing_nan_and_inf() -> None:
     ]
     assert floats  # (the walk finds them)
     for name, flag, kind in floats:
-        assert isinstance(kind, Seconds | CheckedShare), f"dtrain {name} {flag} is {kind!r}"
+        assert isinstance(kind, CheckedSeconds | CheckedShare), f"dtrain {name} {flag} is {kind!r}"
         for value in NOT_SECONDS:  # (a table row's type says it as the API would: one line)
             with pytest.raises((click.BadParameter, UsageError)):
                 kind.convert(value, None, None)

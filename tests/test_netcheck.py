@@ -449,7 +449,10 @@ def closed_soon(conn: socket.socket) -> bool:
         (["--no-allreduce"], "dtrain: error: --no-allreduce is an option of check --network"),
         (["--min-bandwidth", "1Gbit"], "dtrain: error: --min-bandwidth is an option of check"),
         (["--network", "--min-bandwidth", "100Mb"], "dtrain: error: --min-bandwidth '100Mb'"),
-        (["--network", "--timeout", "0"], "dtrain: error: Invalid value for '--timeout'"),
+        (
+            ["--network", "--timeout", "0"],
+            "dtrain: error: --timeout 0: must be at least 0.5 seconds",
+        ),
         (["--network", "-H", "localhost"], "dtrain: error: check --network measures between"),
         (["--network", "--network-interface", ""], "dtrain: error: --network-interface '': "),
         (["--network", "--network-interface", "a/b"], "dtrain: error: --network-interface 'a/b'"),

@@ -49,8 +49,6 @@ def unknown_option(name: str, known: Sequence[str]) -> UsageError:
 
 def keyword_values(options: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
     """The keywords given (None: not given) as option values by field, and those fields."""
-    from launcher.cli.keywords import env_items
-
     spelled = api_keywords()
     values: dict[str, Any] = {}
     for name, value in options.items():
@@ -59,9 +57,7 @@ def keyword_values(options: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]
         if name not in spelled:
             raise unknown_option(name, sorted(spelled))
         row, negative = spelled[name]
-        if name == "env":
-            value = env_items(value)
-        elif isinstance(value, os.PathLike):
+        if isinstance(value, os.PathLike):
             value = os.fspath(value)
         parsed = parse(row, value, name)
         values[row.field] = not parsed if negative else parsed

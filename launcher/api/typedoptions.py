@@ -1,9 +1,6 @@
-"""The keywords ``launch()`` and ``start()`` take, typed for the caller's editor and type
-checker (``**options: Unpack[Options]``): ``dtrain run``'s options but those the API sets
-itself, named by the long flag with ``_`` for ``-``.  The options table (``core/options.py``)
-is their one declaration; tests/test_options.py checks that this class says the same
-keywords with the types of their kinds.  Imported only by type checkers and that test.
-"""
+"""``launch()``'s and ``start()``'s keywords typed for editors and type checkers: dtrain
+run's options but those the API sets, declared in ``core/options.py`` (tests/test_options.py
+checks that these are its keywords, typed as their kinds).  Imported by type checkers only."""
 
 import os
 from collections.abc import Mapping, Sequence
@@ -11,8 +8,6 @@ from typing import Literal, TypedDict
 
 
 class Options(TypedDict, total=False):
-    """``dtrain run``'s options as keywords (see ``dtrain run --help``)."""
-
     nproc_per_node: str | int
     nnodes: str | int
     map_by: str

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import click
 
 from launcher.base.errors import UsageError
-from launcher.cli.options import Decorator, Seconds, stacked
+from launcher.cli.options import Decorator, seconds, stacked
 
 Kind = Literal["flag", "int", "float", "text", "list"]  # a float is a duration (finite seconds)
 PEER_VALUES = "dtrain.peer_values"  # ctx.meta key: {field: (flag as the user spelled it, value)}
@@ -352,7 +352,8 @@ def peer_option(row: PeerFlag) -> Decorator:
     if row.kind == "flag":
         settings["is_flag"] = True
     else:
-        settings["type"] = {"int": int, "float": Seconds(0)}.get(row.kind, str)
+        duration = seconds(flags[0], 0) if row.kind == "float" else str
+        settings["type"] = int if row.kind == "int" else duration
         settings["multiple"] = row.kind == "list"
     name = "peer_" + flags[0].lstrip("-").replace("-", "_")
     return click.option(*flags, name, callback=remember(row), **settings)

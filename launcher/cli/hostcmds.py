@@ -12,7 +12,7 @@ import click
 from click.core import ParameterSource
 
 from launcher.base.errors import UsageError
-from launcher.cli.options import CONTEXT, Seconds, table_options
+from launcher.cli.options import CONTEXT, seconds, table_options
 from launcher.core.config import SshConfig, pick
 
 DEFAULT_NETWORK_TIMEOUT_S = 10.0
@@ -60,7 +60,7 @@ def hosts(host_lists: tuple[str, ...], hostfile: str | None, as_json: bool) -> i
 @click.option(
     "--timeout",
     "network_timeout_s",  # (timeout_s is --ssh-timeout's)
-    type=Seconds(0.5, 3600),
+    type=seconds("--timeout", 0.5, 3600),
     default=DEFAULT_NETWORK_TIMEOUT_S,
     metavar="SECONDS",
     show_default=True,

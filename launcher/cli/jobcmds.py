@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from launcher.cli.options import CONTEXT, JOB_DIR_OPTION, Seconds
+from launcher.cli.options import CONTEXT, JOB_DIR_OPTION, seconds
 
 if TYPE_CHECKING:
     from launcher.streams.jobdir import JobDir
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--collapse-window",
-    type=Seconds(0.01, 60),
+    type=seconds("--collapse-window", 0.01, 60),
     default=0.5,
     show_default=True,
     metavar="SECONDS",

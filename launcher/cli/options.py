@@ -8,7 +8,6 @@ fills ``EnvConfig.exports``.  The types here are click's faces of the table's ki
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -40,26 +39,6 @@ def stacked(*decorators: Decorator) -> Decorator:
     return apply
 
 
-class Seconds(click.FloatRange):
-    """Every duration option's type: a finite number of seconds from ``low`` to ``high`` (a year
-    unless less is given).  click's FloatRange lets nan through (no comparison is true of it)
-    and inf too when there is no maximum: a nan --grace never escalates to SIGKILL, an inf
-    one overflows the teardown's waits."""
-
-    def __init__(self, low: float, high: float = MAX_SECONDS) -> None:
-        # (no maximum for click when it is the year: --help keeps saying 'x>=0.1')
-        super().__init__(low, None if high == MAX_SECONDS else high)
-        self.high = high
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        seconds = super().convert(value, param, ctx)
-        if not math.isfinite(seconds):
-            self.fail(f"{value} is not a finite number of seconds", param, ctx)
-        if seconds > self.high:  # (a lower maximum is click's to check)
-            self.fail(f"{value} is more than a year ({self.high:,.0f} seconds)", param, ctx)
-        return seconds
-
-
 CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # A job command's options end at COMMAND: what follows is the command's own.
 JOB_COMMAND: dict[str, Any] = {**CONTEXT, "allow_interspersed_args": False}
@@ -85,8 +64,9 @@ class CheckedRange(Checked, click.IntRange):
     pass
 
 
-class CheckedSeconds(Checked, Seconds):
-    pass
+class CheckedSeconds(Checked, click.FloatRange):
+    """A duration: a finite number of seconds from its row's lowest to its highest (a year
+    unless less is given; not shown in --help then, which keeps saying 'x>=0.1')."""
 
 
 class CheckedShare(Checked, click.FloatRange):
@@ -105,7 +85,8 @@ def click_type(row: Option) -> Any:
     """The click type of a row's kind (None: a string)."""
     checked: Checked
     if row.kind == "seconds":
-        checked = CheckedSeconds(row.low or 0, row.highest or MAX_SECONDS)
+        high = row.highest
+        checked = CheckedSeconds(row.low or 0, None if high == MAX_SECONDS else high)
     elif row.kind == "int" and row.low is None and row.high is None:
         checked = CheckedInt()
     elif row.kind == "int":
@@ -122,6 +103,12 @@ def click_type(row: Option) -> Any:
         return None
     checked.row = row
     return checked
+
+
+def seconds(flag: str, low: float, high: float | None = None) -> Any:
+    """The type of a duration outside the table (``dtrain logs --collapse-window``), checked
+    as the table's are."""
+    return click_type(Option(flag, "seconds", low=low, high=high))
 
 
 def click_option(row: Option) -> Decorator:

@@ -32,8 +32,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # (the rest is imported once a file is found: a launch without pays nothing)
     from collections.abc import Sequence
 
-    import click
-
     from launcher.core.projectfile import Caller, Key, Kind, PathKind, Setting, Source
 
 FILE_NAME = "dtrain.toml"
@@ -49,16 +47,8 @@ PATH_METAVARS: dict[str, PathKind] = {
     "SCRIPT": "file",
     "PATH": "program",
 }
-# The project file's kind of value for each kind of the options table.
-KEY_KINDS: dict[str, Kind] = {
-    **dict.fromkeys(("flag", "off", "toggle"), "flag"),
-    "int": "int",
-    "seconds": "seconds",
-    "share": "share",
-    "choice": "choice",
-    "pairs": "pairs",
-    **dict.fromkeys(("text", "list", "size"), "text"),
-}
+# The project file's kind of value for a kind of the options table, where they differ.
+KEY_KINDS = {"off": "flag", "toggle": "flag", "list": "text", "size": "text"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +73,7 @@ class Call:
 def command_line_call() -> Call:
     """The current click command's call: what its command line gave."""
     import click
+    from click.core import ParameterSource
 
     from launcher.cli.dialects import PEER_VALUES
 
@@ -90,7 +81,9 @@ def command_line_call() -> Call:
     peers: Mapping[str, tuple[str, Any]] = ctx.meta.get(PEER_VALUES, {})
     flags = {p.name: p.opts[0] for p in ctx.command.params if p.name and p.opts}
     flags.update({field: spelled for field, (spelled, _) in peers.items()})
-    given = frozenset(given_options(ctx) | set(peers))
+    unset = (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)  # (not given)
+    given = frozenset(name for name in flags if ctx.get_parameter_source(name) not in unset)
+    given |= set(peers)
     return Call(str(ctx.command.name), given, flags, peers=peers)
 
 
@@ -336,7 +329,7 @@ def keys_of(command: str) -> dict[str, Key]:
 
     keys: dict[str, Key] = {}
     for name, (row, _) in keywords(command).items():
-        kind = "env" if name == "env" else KEY_KINDS[row.kind]
+        kind: Kind = "env" if name == "env" else KEY_KINDS.get(row.kind, row.kind)  # type: ignore[assignment]
         path = PATH_METAVARS.get(str(row.metavar)) if kind == "text" else None
         multiple = row.kind in ("list", "pairs")
         keys[name] = Key(name, row.field, kind, multiple, row.choices, path)
@@ -347,7 +340,6 @@ def parsed_values(command: str, settings: Sequence[Setting]) -> dict[str, Any]:
     """The settings' values as the options table converts the same options given on a
     command line (their kinds, bounds and choices): option -> value."""
     from launcher.base.errors import UsageError
-    from launcher.cli.keywords import env_items
     from launcher.core.options import BadValue, convert, keywords
     from launcher.core.projectfile import toml_text
 
@@ -355,9 +347,6 @@ def parsed_values(command: str, settings: Sequence[Setting]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for setting in settings:
         name = setting.key.name
-        if setting.key.kind == "env":
-            values[setting.key.field] = tuple(env_items(setting.value))
-            continue
         row, negative = spelled[name]
         try:
             value = convert(row, setting.value)
@@ -369,15 +358,3 @@ def parsed_values(command: str, settings: Sequence[Setting]) -> dict[str, Any]:
             ) from None
         values[setting.key.field] = not value if negative else value
     return values
-
-
-def given_options(ctx: click.Context) -> set[str]:
-    """The options the command line gave (by option name), whatever their value."""
-    from click.core import ParameterSource
-
-    unset = (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
-    return {
-        param.name
-        for param in ctx.command.params
-        if param.name and ctx.get_parameter_source(param.name) not in unset
-    }

@@ -4,11 +4,12 @@
 A row says an option's flags (and the field it sets, where that is not the long flag's
 name), the kind of value it takes with its bounds, choices and default, the commands that
 have it, its metavar and its one line of help; its section is its ``--help`` heading.
-``cli/options.py`` makes click's options of the rows, ``cli/help.py`` its headings, and
-``core/config.py`` its durations' bounds; the API's keywords and the project file's keys
-are those options' (``cli/keywords.py``).  The job's config gets each value by the
-option's field (``core/optionvalues.py``).  Other launchers' spellings of these options
-are ``cli/dialects.py``'s table.
+``convert`` turns a value given into the config's, the same for a command line (click's
+types, ``cli/options.py``), ``launch()``'s keywords (``keywords``: ``api/options.py``) and
+the project file's keys; ``cli/help.py`` makes its headings of the sections and
+``core/config.py`` checks a config's numbers by the rows.  The job's config gets each
+value by the option's field (``core/optionvalues.py``).  Other launchers' spellings of
+these options are ``cli/dialects.py``'s table.
 """
 
 from __future__ import annotations
@@ -326,6 +327,7 @@ SECTIONS: dict[str, tuple[Option, ...]] = {
 # fmt: on
 OPTIONS = tuple(option for rows in SECTIONS.values() for option in rows)
 GROUP_OF = {option.field: heading for heading, rows in SECTIONS.items() for option in rows}
+MPI_ONLY = tuple(row for row in SECTIONS["MPI"] if row.field != "mpi")  # mpirun's settings
 
 
 def options_of(command: str) -> tuple[Option, ...]:
@@ -399,7 +401,8 @@ def convert(row: Option, value: Any) -> Any:
             raise BadValue("a flag takes True or False", f"write {row.flag} True")
         return value
     if kind == "list":
-        items = [value] if isinstance(value, str) else value
+        items = exported(row, value) if row.field == "exports" else value
+        items = [items] if isinstance(items, str) else items
         if not isinstance(items, list | tuple):
             raise BadValue("not a list", f"give {row.flag} once per item")
         if not items and row.field == "host_lists":
@@ -413,19 +416,24 @@ def convert(row: Option, value: Any) -> Any:
             raise BadValue("not NAME VALUE pairs", f"give {row.flag} NAME VALUE once per pair")
         return tuple((str(pair[0]), str(pair[1])) for pair in pairs)
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise BadValue(f"not {KIND_WORDS[kind]}", example(row))
+        value = str(value)  # (True is no count: the converters say what it is not)
     converter = CONVERTERS.get(kind)
     return str(value) if converter is None else converter(row, value)
 
 
-KIND_WORDS = {
-    "text": "text",
-    "int": "a whole number",
-    "seconds": "a number of seconds",
-    "share": "a number between 0 and 1",
-    "size": "a size",
-    "choice": "a word",
-}
+def exported(row: Option, value: Any) -> Any:
+    """-x's items as the API's ``env=`` and the file's ``env`` give them: a dict of values
+    too, names to copy (a list, a set)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():  # (None or True would reach the ranks as "None")
+            if not isinstance(item, str | int | float) or isinstance(item, bool):
+                hint = f"write {row.flag} {{{key!r}: '...'}}, or leave {key} out"
+                raise BadValue("a variable's value is text", hint)
+        return [f"{key}={item}" for key, item in value.items()]
+    if not isinstance(value, str | list | tuple | set | frozenset):
+        hint = "give a dict ({'NCCL_DEBUG': 'INFO'}) or names to copy (['WANDB_API_KEY'])"
+        raise BadValue("not variables", hint)
+    return value if isinstance(value, str) else list(value)
 
 
 def example(row: Option) -> str:

@@ -26,6 +26,7 @@ from launcher.core.config import (
     ViewConfig,
     pick,
 )
+from launcher.core.options import MPI_ONLY
 
 
 def config_from_options(
@@ -59,16 +60,13 @@ def run_options_config(options: Mapping[str, Any]) -> JobConfig:
     return config_from_options(options, mpi=mpi)
 
 
-# mpirun's own settings: without --mpi nothing reads them, so giving one is a mistake to say.
-MPI_ONLY = (("mca", "--mca"), ("mpirun", "--mpirun"), ("mpirun_args", "--mpirun-args"))
-
-
 def check_mpi_only(options: Mapping[str, Any]) -> None:
-    for name, flag in MPI_ONLY:
-        if options.get(name):
+    """mpirun's own settings: without --mpi nothing reads them, so giving one is a mistake."""
+    for row in MPI_ONLY:
+        if options.get(row.field):
             raise UsageError(
-                f"{flag} is for jobs run through mpirun, and --mpi is not given",
-                f"add --mpi, or drop {flag}",
+                f"{row.flag} is for jobs run through mpirun, and --mpi is not given",
+                f"add --mpi, or drop {row.flag}",
             )
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from launcher.base.errors import UsageError
 from launcher.core.env import ENV_NAME, ENV_PATTERN, check_env_value, is_env_pattern
+from launcher.core.options import MPI_ONLY
 
 SECTIONS = ("defaults", "run", "ps", "sweep")  # [defaults]: every command with the option
 MANUAL = "see docs/project-file.md"
@@ -54,7 +55,6 @@ RIVALS: tuple[frozenset[str], ...] = (
     frozenset({"gpus_per_rank", "gpu_binding"}),
 )
 REPLACES = {"rdzv_endpoint": frozenset({"master_addr", "master_port"})}  # torchrun's spelling
-MPI_ONLY = frozenset({"mca", "mpirun", "mpirun_args"})  # a file's: used when the job is MPI
 
 Kind = Literal["flag", "int", "seconds", "share", "text", "choice", "pairs", "env"]
 PathKind = Literal["file", "program"]  # program: a path when it has a '/', else a command
@@ -390,7 +390,7 @@ def settle(
     for setting in settings:
         field = setting.key.field
         rival = next((g for g in sorted(given) if field in rivals_of(g)), None)
-        if field in MPI_ONLY and not mpi:
+        if field in {row.field for row in MPI_ONLY} and not mpi:  # (used when the job is MPI)
             applied.append(Applied(setting, "unused", "--mpi"))
         elif field in given and field in ADDITIVE:
             applied.append(Applied(setting, "added", flags.get(field, field)))
