@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as cli
-from launcher.cli.dialects import PEER_FLAGS, PeerFlag
 from launcher.core.config import JobConfig
+from launcher.core.peerflags import PEER_FLAGS, PeerFlag
 
 REPO = Path(__file__).resolve().parent.parent
 

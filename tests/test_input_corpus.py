@@ -39,9 +39,9 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.base.errors import UsageError
-from launcher.cli.dialects import PEER_FLAGS
 from launcher.cli.main import cli, main
 from launcher.cli.options import CheckedSeconds, CheckedShare
+from launcher.core.peerflags import PEER_FLAGS
 from tests.conftest import REPO
 from tests.otheruser import OtherUser
 

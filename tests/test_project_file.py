@@ -245,7 +245,7 @@ def test_x_pattern_copies_a_family_of_variables(project: Path) -> None:
         (
             '[run]\nbind_to = "cores"\n',
             '../../dtrain.toml:2: [run] bind_to = "cores": not one of none, core, socket '
-            "(hint: did you mean bind_to = core?)",
+            '(hint: did you mean bind_to = "core"?)',
         ),
         ("[run]\ngrace = nan\n", "../../dtrain.toml:2: [run] grace = nan: not a finite number"),
         ("[run]\nnp = \n", "../../dtrain.toml:2:6: Invalid value (hint: fix the TOML syntax"),

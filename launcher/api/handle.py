@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.api.errors import JobFailed
 from launcher.api.launching import Prepared, Result, collect, prepare
+from launcher.api.typedoptions import Options
 from launcher.base.errors import UsageError
 from launcher.run.attached import AttachedLauncher
 from launcher.streams.joblist import jobs_root
 
-if TYPE_CHECKING:  # (the keywords' types: for type checkers and editors only)
+if TYPE_CHECKING:  # (launch()'s keywords typed; typing has Unpack from Python 3.11)
     from typing_extensions import Unpack
-
-    from launcher.api.typedoptions import Options
+elif sys.version_info >= (3, 11):
+    from typing import Unpack
 
 CHILD = "launcher.api.child"
 STARTING_POLL_S = 0.05  # logs(follow=True): how often to look whether the ranks started

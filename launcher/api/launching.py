@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from launcher.api.errors import JobFailed, RankFailed
 from launcher.api.options import build_config
 from launcher.api.payload import Packed, RankError, pack_call, read_result
+from launcher.api.typedoptions import Options
 from launcher.base.jobid import new_job_id
 from launcher.core.config import JobConfig, validate_config
 from launcher.core.outcome import JobResult
@@ -30,10 +31,10 @@ from launcher.core.results import ERROR, PAYLOAD_VARIABLE, RUNNER
 from launcher.streams.jobdir import JobDir
 from launcher.streams.joblist import jobs_root
 
-if TYPE_CHECKING:  # (the keywords' types: for type checkers and editors only)
+if TYPE_CHECKING:  # (launch()'s keywords typed; typing has Unpack from Python 3.11)
     from typing_extensions import Unpack
-
-    from launcher.api.typedoptions import Options
+elif sys.version_info >= (3, 11):
+    from typing import Unpack
 
 
 @dataclass(frozen=True)

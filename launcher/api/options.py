@@ -57,8 +57,10 @@ def keyword_values(options: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]
         if name not in spelled:
             raise unknown_option(name, sorted(spelled))
         row, negative = spelled[name]
-        if isinstance(value, os.PathLike):
+        if isinstance(value, os.PathLike):  # (hostfile=Path(...), env_file=[Path(...)])
             value = os.fspath(value)
+        elif isinstance(value, list | tuple):
+            value = [os.fspath(item) if isinstance(item, os.PathLike) else item for item in value]
         parsed = parse(row, value, name)
         values[row.field] = not parsed if negative else parsed
     return values, set(values)

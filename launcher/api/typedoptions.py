@@ -1,6 +1,6 @@
 """``launch()``'s and ``start()``'s keywords typed for editors and type checkers: dtrain
 run's options but those the API sets, declared in ``core/options.py`` (tests/test_options.py
-checks that these are its keywords, typed as their kinds).  Imported by type checkers only."""
+checks that these are its keywords, typed as their kinds)."""
 
 import os
 from collections.abc import Mapping, Sequence
@@ -21,7 +21,7 @@ class Options(TypedDict, total=False):
     bind_to: Literal["none", "core", "socket"]
     report_bindings: bool
     env: str | Sequence[str] | Mapping[str, str | int | float]
-    env_file: str | Sequence[str]
+    env_file: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     workdir: str | os.PathLike[str]
     sync: str | os.PathLike[str]
     sync_max_size: int | str
@@ -36,14 +36,14 @@ class Options(TypedDict, total=False):
     mpirun_args: str
     tag_format: str
     output_dir: str | os.PathLike[str]
-    color: bool
+    color: bool | None
     no_color: bool
     json: bool
     plain: bool
     quiet: bool
     ranks: str
     local_ranks: str
-    collapse: bool
+    collapse: bool | None
     no_collapse: bool
     collapse_window: float
     lossy_view: bool

@@ -83,7 +83,8 @@ def run_config(options: dict[str, Any]) -> JobConfig:
 
 def with_peer_spellings(options: dict[str, Any]) -> dict[str, Any]:
     """The values other launchers' spellings gave (``-n 4``), merged into dtrain's options."""
-    from launcher.cli.dialects import PEER_VALUES, merge_peer_values
+    from launcher.cli.dialects import PEER_VALUES
+    from launcher.core.peerflags import merge_peer_values
 
     ctx = click.get_current_context()
     params = [p for p in ctx.command.params if p.name and p.expose_value]

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # (the rest is imported once a file is found: a launch without pays nothing)
     from collections.abc import Sequence
 
+    from launcher.base.errors import UsageError
+    from launcher.core.options import BadValue
     from launcher.core.projectfile import Caller, Key, Kind, PathKind, Setting, Source
 
 FILE_NAME = "dtrain.toml"
@@ -339,9 +341,7 @@ def keys_of(command: str) -> dict[str, Key]:
 def parsed_values(command: str, settings: Sequence[Setting]) -> dict[str, Any]:
     """The settings' values as the options table converts the same options given on a
     command line (their kinds, bounds and choices): option -> value."""
-    from launcher.base.errors import UsageError
     from launcher.core.options import BadValue, convert, keywords
-    from launcher.core.projectfile import toml_text
 
     spelled = keywords(command)
     values: dict[str, Any] = {}
@@ -351,10 +351,18 @@ def parsed_values(command: str, settings: Sequence[Setting]) -> dict[str, Any]:
         try:
             value = convert(row, setting.value)
         except BadValue as bad:
-            written = toml_text(setting.written)
-            raise UsageError(
-                f"{setting.where}: {setting.table} {name} = {written}: {bad.problem}",
-                bad.said(row, f"{name} = "),
-            ) from None
+            raise bad_setting(setting, bad) from None
         values[setting.key.field] = not value if negative else value
     return values
+
+
+def bad_setting(setting: Setting, bad: BadValue) -> UsageError:
+    """A file's value the options table refuses: where, the key as written, and the hint."""
+    from launcher.base.errors import UsageError
+    from launcher.core.projectfile import toml_text
+
+    name, written = setting.key.name, toml_text(setting.written)
+    return UsageError(
+        f"{setting.where}: {setting.table} {name} = {written}: {bad.problem}",
+        bad.said(lambda example: f"{name} = {toml_text(example)}"),
+    )

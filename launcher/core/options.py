@@ -326,7 +326,6 @@ SECTIONS: dict[str, tuple[Option, ...]] = {
 }
 # fmt: on
 OPTIONS = tuple(option for rows in SECTIONS.values() for option in rows)
-GROUP_OF = {option.field: heading for heading, rows in SECTIONS.items() for option in rows}
 MPI_ONLY = tuple(row for row in SECTIONS["MPI"] if row.field != "mpi")  # mpirun's settings
 
 
@@ -366,16 +365,23 @@ def defaults(command: str) -> dict[str, Any]:
 
 
 class BadValue(Exception):
-    """What is wrong with a value given for an option, and what to give instead (the caller
-    names where it was given: a flag, a keyword, a project file's key)."""
+    """What is wrong with a value given for an option, and what to give instead: ``hint`` may
+    hold ``{option}``, the option with ``value`` as where it was given (``-np 4``, ``np=4``,
+    ``np = 4`` in a project file), which the caller spells (``said``)."""
 
-    def __init__(self, problem: str, hint: str) -> None:
+    def __init__(self, problem: str, hint: str, value: Any = None) -> None:
         super().__init__(problem)
-        self.problem, self.hint = problem, hint
+        self.problem, self.hint, self.value = problem, hint, value
 
-    def said(self, row: Option, spelled: str) -> str:
-        """The hint with the option spelled as where it was given (``np=``, ``np = ``)."""
-        return self.hint.replace(f"{row.flag} ", spelled)
+    def said(self, spell: Callable[[Any], str]) -> str:
+        return self.hint.format(option=spell(self.value)) if "{option}" in self.hint else self.hint
+
+
+def number(value: Any) -> str:
+    """A number as messages show it: 5, 0.1, 31,536,000 (no 3.1536e+07)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
+        value = int(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
 def parse(row: Option, value: Any, keyword: str | None = None) -> Any:
@@ -385,12 +391,28 @@ def parse(row: Option, value: Any, keyword: str | None = None) -> Any:
         return convert(row, value)
     except BadValue as bad:
         if keyword is not None:  # (its hint too: give max_restarts=0 or more)
-            raise UsageError(
-                f"{keyword}={value!r}: {bad.problem}", bad.said(row, f"{keyword}=")
-            ) from None
-        shown = value if isinstance(value, str) and value.split() == [value] else repr(value)
-        shown = f"{value:g}" if isinstance(value, float) else shown
-        raise UsageError(f"{row.flag} {shown}: {bad.problem}", bad.hint) from None
+            hint = bad.said(lambda example: f"{keyword}={plain(example, repr)}")
+            raise UsageError(f"{keyword}={shown(value, repr)}: {bad.problem}", hint) from None
+        hint = bad.said(lambda example: f"{row.flag} {plain(example, str)}")
+        raise UsageError(f"{row.flag} {shown(value, str)}: {bad.problem}", hint) from None
+
+
+def plain(value: Any, text: Callable[[Any], str]) -> str:
+    """An example value as typed: a number plainly (31536000, 5), else as ``text`` says."""
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    return number(value).replace(",", "") if numeric else text(value)
+
+
+def shown(value: Any, text: Callable[[Any], str]) -> str:
+    """A value given, as a message shows it: a word as typed, anything else as ``text`` says
+    (repr), cut short (a number of 5,000 digits is said by its size)."""
+    if isinstance(value, int) and abs(value) >= 10**60:
+        return f"(a number of {int(abs(value).bit_length() * 0.30103) + 1:,} digits)"
+    if isinstance(value, float):
+        return f"{value:g}"
+    said = value if isinstance(value, str) and value.split() == [value] else repr(value)
+    said = text(value) if text is repr else said
+    return said if len(said) <= 60 else said[:57] + "..."
 
 
 def convert(row: Option, value: Any) -> Any:
@@ -398,13 +420,13 @@ def convert(row: Option, value: Any) -> Any:
     kind = row.kind
     if kind in FLAGS:
         if not isinstance(value, bool):
-            raise BadValue("a flag takes True or False", f"write {row.flag} True")
+            raise BadValue("a flag takes True or False", "write {option}", True)
         return value
     if kind == "list":
         items = exported(row, value) if row.field == "exports" else value
         items = [items] if isinstance(items, str) else items
         if not isinstance(items, list | tuple):
-            raise BadValue("not a list", f"give {row.flag} once per item")
+            raise BadValue("not a string or a list of them", "give one, or a list")
         if not items and row.field == "host_lists":
             return ("",)  # (hosts=[] is -H '': no hosts, refused; not this machine)
         return tuple(str(item) for item in items)
@@ -413,7 +435,7 @@ def convert(row: Option, value: Any) -> Any:
         if not isinstance(pairs, list | tuple) or not all(
             isinstance(pair, list | tuple) and len(pair) == 2 for pair in pairs
         ):
-            raise BadValue("not NAME VALUE pairs", f"give {row.flag} NAME VALUE once per pair")
+            raise BadValue("not NAME VALUE pairs", "give a dict of them, or (NAME, VALUE) pairs")
         return tuple((str(pair[0]), str(pair[1])) for pair in pairs)
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         value = str(value)  # (True is no count: the converters say what it is not)
@@ -427,8 +449,8 @@ def exported(row: Option, value: Any) -> Any:
     if isinstance(value, Mapping):
         for key, item in value.items():  # (None or True would reach the ranks as "None")
             if not isinstance(item, str | int | float) or isinstance(item, bool):
-                hint = f"write {row.flag} {{{key!r}: '...'}}, or leave {key} out"
-                raise BadValue("a variable's value is text", hint)
+                hint = f"write {{option}}, or leave {key} out"
+                raise BadValue("a variable's value is text", hint, {key: "..."})
         return [f"{key}={item}" for key, item in value.items()]
     if not isinstance(value, str | list | tuple | set | frozenset):
         hint = "give a dict ({'NCCL_DEBUG': 'INFO'}) or names to copy (['WANDB_API_KEY'])"
@@ -436,61 +458,67 @@ def exported(row: Option, value: Any) -> Any:
     return value if isinstance(value, str) else list(value)
 
 
-def example(row: Option) -> str:
-    """The hint after a value of the wrong kind: the row's default, else a value of its kind."""
+def example(row: Option) -> BadValue:
+    """A value of the wrong kind: what it is not, and what to write (the row's default, else
+    a value of its kind)."""
     if row.kind == "choice":
-        return f"give one of {', '.join(row.choices)}"
-    sample = {"int": max(4, row.low or 0), "seconds": 30, "share": 0.7}
+        return BadValue(f"not one of {', '.join(row.choices)}", "give one of them")
+    sample: dict[str, Any] = {"int": max(4, int(row.low or 0)), "seconds": 30, "share": 0.7}
     if row.high == MAX_PORT:
         sample["int"] = 22 if "ssh" in row.flag else 29500
     value = row.default if row.default is not None else sample.get(row.kind, "...")
-    shown = f"{value:g}" if isinstance(value, float) else value
-    return f"write e.g. {row.flag} {shown}"
+    words = {"int": "a whole number", "seconds": "a number of seconds", "share": "a number"}
+    return BadValue(f"not {words.get(row.kind, 'a value')}", "write e.g. {option}", value)
 
 
 def to_int(row: Option, value: str | int | float) -> int:
+    if isinstance(value, int) and abs(value) >= 10**100:  # (before str(): 5,000 digits)
+        value = f"{'-' if value < 0 else ''}{'9' * 101}"
     text = str(value).strip()
-    digits = text.removeprefix("-")
+    digits = text[1:] if text[:1] in "+-" else text
     if isinstance(value, float) or not DIGITS.fullmatch(digits):
-        raise BadValue("not a whole number", example(row))
-    if len(digits.lstrip("0")) > 18 and row.high is not None:  # (before int(): 5,000 digits)
+        raise example(row)
+    if len(digits.lstrip("0")) > (18 if row.high is not None else 100):  # (before int())
         within(row, -math.inf if text.startswith("-") else math.inf, "")
-    if len(digits.lstrip("0")) > 18:
-        raise BadValue("more digits than any count has", example(row))
+        raise BadValue("more digits than any number here has", "write e.g. {option}", 4)
     return int(within(row, int(text), ""))
 
 
 def to_seconds(row: Option, value: str | int | float) -> float:
+    huge = isinstance(value, int) and abs(value) > 10**300  # (float() would overflow)
+    text = "inf" if huge else str(value).strip()
+    if not text.isascii() or "_" in text:  # (float() takes 1_0 and other scripts' digits)
+        raise example(row)
     try:
-        seconds = float(value)
+        seconds = float(text)
     except ValueError:
-        raise BadValue("not a number of seconds", example(row)) from None
+        raise example(row) from None
     if not math.isfinite(seconds):
-        raise BadValue("not a finite number of seconds", example(row))
+        raise BadValue("not a finite number of seconds", "write e.g. {option}", 30)
     return float(within(row, seconds, " seconds"))
 
 
-def within(row: Option, number: float, unit: str) -> float:
-    """``number`` within the row's bounds (a duration's highest is a year unless less)."""
+def within(row: Option, number_: float, unit: str) -> float:
+    """``number_`` within the row's bounds (a duration's highest is a year unless less)."""
     low, high = row.low, row.highest
-    if high == MAX_PORT and not low <= number <= high:  # type: ignore[operator]
-        raise BadValue(f"not a port (1-{MAX_PORT})", example(row))
-    if low is not None and number < low:
-        raise BadValue(f"must be at least {low:g}{unit}", f"give {row.flag} {low:g} or more")
-    if high is not None and number > high:
+    if high == MAX_PORT and not low <= number_ <= high:  # type: ignore[operator]
+        raise BadValue(f"not a port (1-{MAX_PORT})", example(row).hint, example(row).value)
+    plural = unit if unit == "" else " second" if low == 1 else unit
+    if low is not None and number_ < low:
+        raise BadValue(f"must be at least {number(low)}{plural}", "give {option} or more", low)
+    if high is not None and number_ > high:
         year = " (a year)" if row.kind == "seconds" and high == MAX_SECONDS else ""
-        shown, plain = (f"{high:g}",) * 2 if unit else (f"{int(high):,}", str(int(high)))
-        raise BadValue(f"more than {shown}{unit}{year}", f"give {row.flag} {plain} or less")
-    return number
+        raise BadValue(f"more than {number(high)}{unit}{year}", "give {option} or less", high)
+    return number_
 
 
 def to_share(row: Option, value: str | int | float) -> float:
     try:
         share = float(value)
-    except ValueError:
-        share = math.nan
+    except (ValueError, OverflowError):
+        raise BadValue("not a number between 0 and 1", "write e.g. {option}", 0.7) from None
     if not (math.isfinite(share) and 0 < share < 1):
-        raise BadValue("must be more than 0 and less than 1", example(row))
+        raise BadValue("must be more than 0 and less than 1", "write e.g. {option}", 0.7)
     return share
 
 
@@ -498,7 +526,7 @@ def to_size(row: Option, value: str | int | float) -> int:
     from launcher.core.synctree import parse_size
 
     try:
-        return value if isinstance(value, int) else parse_size(str(value))
+        return parse_size(str(value).strip())
     except UsageError:
         raise BadValue("not a size", "write bytes, or a number with K, M or G: 500M, 2G") from None
 
@@ -511,8 +539,10 @@ def to_choice(row: Option, value: str | int | float) -> str:
     import difflib
 
     close = difflib.get_close_matches(text.lower(), row.choices, n=1, cutoff=0.6)
-    hint = f"did you mean {row.flag} {close[0]}?" if close else "give one of them"
-    raise BadValue(f"not one of {', '.join(row.choices)}", hint)
+    if close:
+        hint = "did you mean {option}?"
+        raise BadValue(f"not one of {', '.join(row.choices)}", hint, close[0])
+    raise BadValue(f"not one of {', '.join(row.choices)}", "give one of them")
 
 
 CONVERTERS: dict[str, Callable[[Option, str | int | float], Any]] = {
