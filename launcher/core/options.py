@@ -62,6 +62,7 @@ class Option(NamedTuple):
     high: float | None = None
     choices: tuple[str, ...] = ()
     ignore_case: bool = False
+    in_file: bool = True  # False: a choice for one run, which a project file would make stick
     help: str = ""
 
     @property
@@ -119,9 +120,10 @@ SECTIONS: dict[str, tuple[Option, ...]] = {
             help="At most N trials at once (default: as many as the slots hold)."),
         Option("--retries", "int", on="sweep", metavar="N", low=0,
             help="Run a failed trial again, at most N times."),
-        Option("--resume", on="sweep", metavar="ID",
+        Option("--resume", on="sweep", metavar="ID", in_file=False,
             help="Run again the trials of sweep ID that did not finish (stopped, never started)."),
-        Option("--retry-failed", "flag", on="sweep", help="With --resume: the failed trials too."),
+        Option("--retry-failed", "flag", on="sweep", in_file=False,
+            help="With --resume: the failed trials too."),
     ),
     "Results": (
         Option("--objective", on="sweep", metavar="NAME", help="Order the results by this metric."),
@@ -242,17 +244,18 @@ SECTIONS: dict[str, tuple[Option, ...]] = {
             help="Say what dtrain does (connections, agents, plan, signals), with timestamps."),
     ),
     "Job": (
-        Option("--dry-run", "flag",
+        Option("--dry-run", "flag", in_file=False,
             help="Print the plan (ranks, commands, environment); start nothing."),
-        Option("--dry-run", "flag", on="sweep",
+        Option("--dry-run", "flag", on="sweep", in_file=False,
             help="Print the trials (parameters, command); start nothing."),
-        Option("--detach", "flag", help="Run in the background; follow with dtrain logs -f."),
+        Option("--detach", "flag", in_file=False,
+            help="Run in the background; follow with dtrain logs -f."),
         Option("--job-dir", on=JOB, metavar="DIR",
             help="Where job directories live (default ~/.dtrain/jobs)."),
-        Option("--config project_file", on=JOB, metavar="FILE",
+        Option("--config project_file", on=JOB, metavar="FILE", in_file=False,
             help="Read this project file (a dtrain.toml, or a pyproject.toml's [tool.dtrain]) "
                  "instead of looking here and above."),
-        Option("--no-config", "flag", on=JOB,
+        Option("--no-config", "flag", on=JOB, in_file=False,
             help="Ignore the project file (dtrain.toml, or [tool.dtrain] in pyproject.toml, here "
                  "or above)."),
     ),

@@ -27,18 +27,15 @@ from typing import Any, Literal
 
 from launcher.base.errors import UsageError
 from launcher.core.env import ENV_NAME, ENV_PATTERN, check_env_value, is_env_pattern
-from launcher.core.options import MPI_ONLY
+from launcher.core.options import MPI_ONLY, keywords
 
 SECTIONS = ("defaults", "run", "ps", "sweep")  # [defaults]: every command with the option
 MANUAL = "see docs/project-file.md"
-# Choices for one run, not settings of a project: given in a file, they would stick.
+# Choices for one run, not settings of a project (the table's rows not in_file): key -> flag.
 NOT_IN_A_FILE = {
-    "dry_run": "--dry-run",
-    "detach": "--detach",
-    "no_config": "--no-config",
-    "config": "--config FILE",
-    "resume": "--resume ID",
-    "retry_failed": "--retry-failed",
+    key: " ".join(filter(None, (row.flag, row.metavar)))
+    for key, (row, _) in {**keywords("sweep"), **keywords("run")}.items()
+    if not row.in_file
 }
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 # Options whose file items and command-line items both count (a user adding -x FOO on
