@@ -65,8 +65,20 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         earlier += 1
 print(f"attempt {attempt} rank {rank} of {os.environ['WORLD_SIZE']} on "
       f"{os.uname().nodename}: earlier processes alive {earlier}", flush=True)
+ready = os.environ.get("DTRAIN_CHECKPOINT_DIR", "")  # (the job's, on this machine's disk)
+try:
+    open(os.path.join(ready, f"ready.{attempt}.{rank}"), "w").close()
+except OSError:
+    ready = ""
 failing = attempt < int(os.environ.get("FAIL_ATTEMPTS", "1"))
 if failing and rank == "1":
+    # every rank of the attempt has said its line before this one fails: on a busy machine
+    # a rank still scanning /proc was stopped before it printed (its line never existed)
+    deadline = time.time() + 20
+    while ready and time.time() < deadline and sum(
+        name.startswith(f"ready.{attempt}.") for name in os.listdir(ready)
+    ) < int(os.environ["WORLD_SIZE"]):
+        time.sleep(0.05)
     subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"])
     time.sleep(0.5)
     if os.environ["FAIL"] == "kill":
