@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import MISSING, fields
+from pathlib import Path
 
 import click
 import pytest
@@ -178,3 +179,37 @@ def test_the_typed_keywords_are_the_tables() -> None:
             )
         else:
             assert hint is str or str in typing.get_args(hint) or row.kind == "pairs", name
+
+
+@pytest.mark.parametrize(
+    ("typed", "hint"),
+    [
+        ("nod", "did you mean --map-by node?"),
+        ("slots", "did you mean --map-by slot?"),
+        ("socket", "for per-socket placement use --nproc-per-node with --bind-to socket"),
+        ("l3cache", "for per-socket placement use --nproc-per-node with --bind-to socket"),
+    ],
+)
+def test_a_typo_of_a_map_by_policy_is_named_and_mpiruns_others_are_not(
+    typed: str, hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--map-by nod was answered with a hint about sockets; socket is no typo of slot."""
+    from launcher.cli.main import main
+
+    assert main(["run", "--dry-run", "--no-config", "--map-by", typed, "-np", "2", "true"]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"(hint: {hint})")
+
+
+def test_a_project_file_with_a_byte_order_mark_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An editor's BOM before [run] was 'Invalid statement' at 1:1."""
+    import json
+
+    from launcher.cli.main import main
+
+    (tmp_path / "dtrain.toml").write_bytes(b"\xef\xbb\xbf[run]\nnp = 3\n")
+    monkeypatch.chdir(tmp_path)
+    jobs = str(tmp_path / "jobs")
+    assert main(["run", "--dry-run", "--json", "--job-dir", jobs, "true"]) == 0
+    assert [entry["rank"] for entry in json.loads(capsys.readouterr().out)] == [0, 1, 2]

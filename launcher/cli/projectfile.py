@@ -296,6 +296,7 @@ def read_project_file(
 
     shown = path if named is not None else os.path.relpath(path, here)
     text = read_user_text(shown, named or "project file", null_ok=named is not None)
+    text = text.removeprefix("\ufeff")  # (a byte-order mark some editors write: not TOML's)
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover (Python 3.10: tomli, which became tomllib)

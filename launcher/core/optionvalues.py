@@ -148,7 +148,7 @@ def parse_map_by(text: str, per_node: object) -> dict[str, Any]:
     else:
         raise UsageError(
             f"--map-by {text}: dtrain maps by slot, node (round robin) or ppr:N:node",
-            "for per-socket placement use --nproc-per-node with --bind-to socket",
+            map_by_hint(base),
         )
     for modifier in modifiers:
         if modifier.upper() not in ("OVERSUBSCRIBE", "NOOVERSUBSCRIBE"):
@@ -159,6 +159,21 @@ def parse_map_by(text: str, per_node: object) -> dict[str, Any]:
         if modifier.upper() == "OVERSUBSCRIBE":
             found["oversubscribe"] = True
     return found
+
+
+# mpirun's other mapping policies: dtrain has none of them (a typo of slot or node is not one)
+MPIRUN_POLICIES = ("hwthread", "l1cache", "l2cache", "l3cache", "numa", "package", "socket")
+
+
+def map_by_hint(base: str) -> str:
+    """``--map-by nod``: did you mean node; mpirun's ``socket`` (or another policy of its):
+    what dtrain offers instead."""
+    import difflib
+
+    close = difflib.get_close_matches(base.lower(), ("slot", "node"), n=1, cutoff=0.75)
+    if close and base.lower() not in MPIRUN_POLICIES:
+        return f"did you mean --map-by {close[0]}?"
+    return "for per-socket placement use --nproc-per-node with --bind-to socket"
 
 
 def parse_per_node(text: str) -> int | PerNode:

@@ -268,6 +268,11 @@ PEER_FLAGS: tuple[PeerFlag, ...] = (
         "--hierarchical-allgather --log-level",
         HOROVOD_KNOB,
     ),
+    refuse(
+        "horovodrun",
+        "--gloo-timeout-seconds",
+        "Gloo's timeout in Horovod is its variable: -x HOROVOD_GLOO_TIMEOUT_SECONDS=60",
+    ),
     # deepspeed
     alias(
         "deepspeed",
