@@ -47,9 +47,12 @@ def unknown_option(name: str, known: Sequence[str]) -> UsageError:
     return UsageError(f"no such option {name}=", hint)
 
 
-def keyword_values(options: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
-    """The keywords given (None: not given) as option values by field, and those fields."""
-    spelled = api_keywords()
+def keyword_values(
+    options: Mapping[str, Any], spelled: Mapping[str, tuple[Option, bool]] | None = None
+) -> tuple[dict[str, Any], set[str]]:
+    """The keywords given (None: not given) as option values by field, and those fields
+    (``spelled``: ``api_keywords()``, if the caller has it)."""
+    spelled = api_keywords() if spelled is None else spelled
     values: dict[str, Any] = {}
     for name, value in options.items():
         if value is None:
@@ -74,12 +77,13 @@ def build_config(
     from launcher.cli.projectfile import Call, with_project_file
     from launcher.core.optionvalues import run_options_config
 
-    given, fields = keyword_values(options)
+    spelled = api_keywords()
+    given, fields = keyword_values(options, spelled)
     values = {**defaults("run"), **given, "module": True, "command": tuple(program)}
     if payload:  # (given as -x would give them: the file's env is added, not instead)
         values["exports"] = (*values["exports"], *payload)
         fields.add("exports")
     # (the project file's messages name the keywords: launch(np=2) is what the caller wrote)
-    flags = {row.field: f"{name}=" for name, (row, _) in api_keywords().items()}
+    flags = {row.field: f"{name}=" for name, (row, _) in spelled.items()}
     call = Call("run", frozenset(fields), flags, api=True)
     return run_options_config(with_project_file(values, call))

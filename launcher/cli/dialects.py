@@ -6,7 +6,7 @@ an unknown flag (only a typo of a flag of the same meaning).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
@@ -21,27 +21,27 @@ PEER_VALUES = "dtrain.peer_values"  # ctx.meta key: {field: (flag as the user sp
 
 def peer_options() -> Decorator:
     """Every row of the table as a hidden click option of ``dtrain run``."""
-    return stacked(*(peer_option(row) for row in PEER_FLAGS))
+    own = {row.field: row for row in options_of("run")}  # (dtrain's options, by field)
+    return stacked(*(peer_option(row, own) for row in PEER_FLAGS))
 
 
-def peer_option(row: PeerFlag) -> Decorator:
+def peer_option(row: PeerFlag, own: Mapping[str, Option]) -> Decorator:
     flags = row.flags.split()
     settings: dict[str, Any] = {"hidden": True, "expose_value": False, "metavar": "VALUE"}
     if row.kind == "flag":
         settings["is_flag"] = True
     else:
-        settings["type"] = peer_type(row, flags[0])
+        settings["type"] = peer_type(row, flags[0], own.get(row.field or ""))
         settings["multiple"] = row.kind == "list"
     name = "peer_" + flags[0].lstrip("-").replace("-", "_")
     return click.option(*flags, name, callback=remember(row), **settings)
 
 
-def peer_type(row: PeerFlag, flag: str) -> Any:
-    """A peer flag's value type: checked as dtrain's own option of its field is (its bounds
-    too), named as the peer's flag (``-n x: not a whole number``)."""
+def peer_type(row: PeerFlag, flag: str, own: Option | None) -> Any:
+    """A peer flag's value type: checked as dtrain's own option of its field (``own``) is
+    (its bounds too), named as the peer's flag (``-n x: not a whole number``)."""
     if row.kind not in ("int", "float"):
         return str
-    own = next((r for r in options_of("run") if r.field == row.field), None)
     kind: Kind = "int" if row.kind == "int" else "seconds"
     base = own if own is not None and own.kind == kind else Option(flag, kind, low=0)
     return click_type(base._replace(decl=flag))

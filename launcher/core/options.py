@@ -413,8 +413,8 @@ def shown(value: Any, text: Callable[[Any], str]) -> str:
         return f"(a number of {int(abs(value).bit_length() * 0.30103) + 1:,} digits)"
     if isinstance(value, float):
         return f"{value:g}"
-    said = value if isinstance(value, str) and value.split() == [value] else repr(value)
-    said = text(value) if text is repr else said
+    word = isinstance(value, str) and value.split() == [value] and text is str  # (as typed)
+    said = value if word else repr(value)
     return said if len(said) <= 60 else said[:57] + "..."
 
 
@@ -461,7 +461,7 @@ def exported(row: Option, value: Any) -> Any:
     return value if isinstance(value, str) else list(value)
 
 
-def example(row: Option) -> BadValue:
+def wrong_kind(row: Option) -> BadValue:
     """A value of the wrong kind: what it is not, and what to write (the row's default, else
     a value of its kind)."""
     if row.kind == "choice":
@@ -480,7 +480,7 @@ def to_int(row: Option, value: str | int | float) -> int:
     text = str(value).strip()
     digits = text[1:] if text[:1] in "+-" else text
     if isinstance(value, float) or not DIGITS.fullmatch(digits):
-        raise example(row)
+        raise wrong_kind(row)
     if len(digits.lstrip("0")) > (18 if row.high is not None else 100):  # (before int())
         within(row, -math.inf if text.startswith("-") else math.inf, "")
         raise BadValue("more digits than any number here has", "write e.g. {option}", 4)
@@ -491,11 +491,11 @@ def to_seconds(row: Option, value: str | int | float) -> float:
     huge = isinstance(value, int) and abs(value) > 10**300  # (float() would overflow)
     text = "inf" if huge else str(value).strip()
     if not text.isascii() or "_" in text:  # (float() takes 1_0 and other scripts' digits)
-        raise example(row)
+        raise wrong_kind(row)
     try:
         seconds = float(text)
     except ValueError:
-        raise example(row) from None
+        raise wrong_kind(row) from None
     if not math.isfinite(seconds):
         raise BadValue("not a finite number of seconds", "write e.g. {option}", 30)
     return float(within(row, seconds, " seconds"))
@@ -505,7 +505,8 @@ def within(row: Option, number_: float, unit: str) -> float:
     """``number_`` within the row's bounds (a duration's highest is a year unless less)."""
     low, high = row.low, row.highest
     if high == MAX_PORT and not low <= number_ <= high:  # type: ignore[operator]
-        raise BadValue(f"not a port (1-{MAX_PORT})", example(row).hint, example(row).value)
+        sample = wrong_kind(row)
+        raise BadValue(f"not a port (1-{MAX_PORT})", sample.hint, sample.value)
     plural = unit if unit == "" else " second" if low == 1 else unit
     if low is not None and number_ < low:
         raise BadValue(f"must be at least {number(low)}{plural}", "give {option} or more", low)
